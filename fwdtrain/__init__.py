@@ -1,0 +1,22 @@
+"""fwdtrain: online forward-propagation training of SDEs on torch.func.
+
+The model is a pure function of a parameter pytree, the state (X, Xtilde, theta, t)
+is immutable, and ``step`` is a pure function: state in, new state out.
+"""
+
+from . import examples, schedules
+from .driver import History, run
+from .evaluate import CostEstimate, stationary_cost
+from .model import Model, functional, mlp
+from .problem import SDE, Coefficients, ControlledSDE
+from .sensitivity import Linearisation, linearise
+from .state import State, init, noise_dim
+from .step import StepInfo, step, step_with_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
+    "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
+    "linearise", "stationary_cost", "schedules", "examples",
+]

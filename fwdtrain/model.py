@@ -1,0 +1,102 @@
+"""Models as pure functions of a parameter pytree.
+
+A model is a pair ``(apply, theta)``: ``apply(theta, x)`` is a pure function and
+``theta`` a dict of plain tensors (no ``requires_grad``, no ``grad_fn``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+from torch.func import functional_call
+
+Params = dict[str, torch.Tensor]
+Apply = Callable[[Params, torch.Tensor], torch.Tensor]
+
+
+class Model(NamedTuple):
+    """A pure model: ``apply(theta, x)`` and its initial parameters ``theta``."""
+
+    apply: Apply
+    theta: Params
+
+
+def functional(module: torch.nn.Module) -> Model:
+    """Turn any ``torch.nn.Module`` into a pure ``apply(theta, x)`` and its parameters.
+
+    ``theta`` holds detached copies of ``module.named_parameters()``; buffers are
+    copied once and frozen into ``apply``. The module itself is never modified.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"functional(module) expects a torch.nn.Module, got {type(module).__name__}")
+    theta = {name: p.detach().clone() for name, p in module.named_parameters()}
+    if not theta:
+        raise ValueError(f"{type(module).__name__} has no parameters to train")
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+
+    def apply(theta: Params, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(module, (theta, buffers), (x,), strict=True)
+
+    return Model(apply, theta)
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "softplus": torch.nn.functional.softplus,
+    "silu": torch.nn.functional.silu,
+    "identity": lambda z: z,
+}
+
+
+def mlp(
+    sizes: Sequence[int],
+    *,
+    activation: str = "relu",
+    output_bias: bool = True,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    output_scale: float = 1.0,
+) -> Model:
+    """A multilayer perceptron ``sizes[0] -> ... -> sizes[-1]`` as a pure model.
+
+    Layer ``i`` computes ``z W_i^T + b_i``; hidden layers apply ``activation``.
+    Weights and biases are drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's
+    ``nn.Linear`` default) from a generator seeded with ``seed``; the last
+    layer's weights are multiplied by ``output_scale``. ``theta`` keys are
+    ``"weight{i}"`` and ``"bias{i}"``. ``apply`` accepts ``x`` of shape
+    ``(sizes[0],)`` or ``(..., sizes[0])``.
+    """
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"mlp(sizes) needs at least two positive layer widths, got {sizes}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}")
+    act = _ACTIVATIONS[activation]
+    layers = len(sizes) - 1
+    generator = torch.Generator().manual_seed(seed)
+    theta: Params = {}
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        bound = 1.0 / math.sqrt(fan_in)
+        scale = output_scale if i == layers - 1 else 1.0
+        weight = (torch.rand(fan_out, fan_in, generator=generator, dtype=torch.float64) * 2 - 1) * bound * scale
+        theta[f"weight{i}"] = weight.to(dtype)
+        if i < layers - 1 or output_bias:
+            bias = (torch.rand(fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+            theta[f"bias{i}"] = bias.to(dtype)
+
+    def apply(theta: Params, x: torch.Tensor) -> torch.Tensor:
+        z = x
+        for i in range(layers):
+            z = z @ theta[f"weight{i}"].T
+            bias = theta.get(f"bias{i}")
+            if bias is not None:
+                z = z + bias
+            if i < layers - 1:
+                z = act(z)
+        return z
+
+    return Model(apply, theta)

@@ -1,0 +1,48 @@
+import torch
+import pytest
+
+import fwdtrain as ft
+
+
+def nonlinear_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
+    """A 2-D SDE whose drift, full (2 x 3) diffusion and cost all depend on x and theta."""
+    theta = {
+        "a": torch.tensor([[-1.0, 0.3], [0.2, -0.8]], dtype=dtype),
+        "s": torch.tensor([0.4, 0.25], dtype=dtype),
+        "w": torch.tensor(0.7, dtype=dtype),
+    }
+
+    def drift(th, x):
+        return th["a"] @ x + th["w"] * torch.sin(x)
+
+    def diffusion(th, x):
+        col0 = th["s"] * torch.cos(x)
+        col1 = torch.stack([th["w"] * x[1], 0.3 + 0.1 * x[0] ** 2])
+        col2 = torch.tanh(th["a"] @ x) * 0.2
+        return torch.stack([col0, col1, col2], dim=1)
+
+    def cost(th, x):
+        return (x ** 2).sum() + th["w"] ** 2 * x[0] + (th["s"] * x).sum() ** 2
+
+    return ft.SDE(drift, diffusion, cost), theta
+
+
+def diagonal_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
+    """A 2-D SDE with diagonal noise sigma(x, theta) = softplus(b) * sqrt(1 + x^2)."""
+    theta = {"k": torch.tensor([1.2, 0.7], dtype=dtype), "b": torch.tensor([0.1, -0.3], dtype=dtype)}
+
+    def drift(th, x):
+        return -th["k"] * x + 0.1 * x.flip(0)
+
+    def diffusion(th, x):
+        return torch.nn.functional.softplus(th["b"]) * torch.sqrt(1 + x ** 2)
+
+    def cost(th, x):
+        return (x ** 2).sum() + (th["k"] ** 2).sum() * 0.01
+
+    return ft.SDE(drift, diffusion, cost), theta
+
+
+@pytest.fixture
+def lqr64():
+    return ft.examples.lqr_1d(dtype=torch.float64, particles=4)
