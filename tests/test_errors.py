@@ -1,0 +1,139 @@
+"""Bad input gets a clear error naming the argument, before anything is computed."""
+
+import math
+
+import pytest
+import torch
+
+import fwdtrain as ft
+
+
+@pytest.fixture
+def ex():
+    return ft.examples.lqr_1d(particles=2)
+
+
+@pytest.fixture
+def state(ex):
+    return ft.init(ex.sde, ex.theta, ex.x0, particles=2)
+
+
+def test_x0_of_the_wrong_dimension(ex):
+    with pytest.raises(ValueError, match="dimension d = 3"):
+        ft.init(ex.sde, ex.theta, torch.ones(3))
+
+
+def test_x0_of_the_wrong_rank_or_particle_count(ex):
+    with pytest.raises(ValueError, match=r"x0 must have shape"):
+        ft.init(ex.sde, ex.theta, torch.ones(1, 1, 1))
+    with pytest.raises(ValueError, match="particles=3"):
+        ft.init(ex.sde, ex.theta, torch.ones(2, 1), particles=3)
+
+
+@pytest.mark.parametrize("particles", [0, -1, 1.5, True])
+def test_particles_must_be_a_positive_integer(ex, particles):
+    with pytest.raises(ValueError, match="particles"):
+        ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
+
+
+def test_theta_that_requires_grad(ex):
+    theta = dict(ex.theta, weight0=ex.theta["weight0"].clone().requires_grad_())
+    with pytest.raises(ValueError, match=r"theta\['weight0'\] requires grad.*detach"):
+        ft.init(ex.sde, theta, ex.x0)
+
+
+def test_theta_that_is_not_floating_or_not_a_tensor(ex):
+    with pytest.raises(TypeError, match="floating"):
+        ft.init(ex.sde, dict(ex.theta, weight0=torch.ones(16, 1, dtype=torch.long)), ex.x0)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ft.init(ex.sde, dict(ex.theta, weight0=[1.0]), ex.x0)
+
+
+def test_mixed_dtypes(ex):
+    with pytest.raises(TypeError, match="mixes dtypes"):
+        ft.init(ex.sde, dict(ex.theta, weight0=ex.theta["weight0"].double()), ex.x0)
+    with pytest.raises(TypeError, match="x0 has dtype torch.float64"):
+        ft.init(ex.sde, ex.theta, ex.x0.double())
+
+
+def test_non_finite_inputs(ex):
+    with pytest.raises(ValueError, match="x0 contains NaN"):
+        ft.init(ex.sde, ex.theta, torch.tensor([math.nan]))
+    with pytest.raises(ValueError, match=r"theta\['bias0'\] contains NaN"):
+        ft.init(ex.sde, dict(ex.theta, bias0=torch.full((16,), math.inf)), ex.x0)
+
+
+@pytest.mark.parametrize("dt", [0.0, -0.1, math.nan, math.inf, torch.tensor(-1.0)])
+def test_bad_dt(ex, state, dt):
+    with pytest.raises(ValueError, match="dt must be positive"):
+        ft.step(ex.sde, state, torch.zeros(2, 1), dt, 0.1)
+
+
+def test_dt_of_the_wrong_type(ex, state):
+    with pytest.raises(TypeError, match="dt must be a positive number"):
+        ft.step(ex.sde, state, torch.zeros(2, 1), "0.01", 0.1)
+
+
+@pytest.mark.parametrize("shape", [(2,), (3, 1), (2, 2), (2, 1, 1)])
+def test_dw_of_the_wrong_shape(ex, state, shape):
+    with pytest.raises(ValueError, match="dw"):
+        ft.step(ex.sde, state, torch.zeros(shape), 0.01, 0.1)
+
+
+def test_dw_of_the_wrong_dtype(ex, state):
+    with pytest.raises(TypeError, match="dw is torch.float64"):
+        ft.step(ex.sde, state, torch.zeros(2, 1, dtype=torch.float64), 0.01, 0.1)
+
+
+@pytest.mark.parametrize("lr", [-1.0, math.nan, "fast"])
+def test_bad_learning_rate(ex, state, lr):
+    with pytest.raises((ValueError, TypeError), match="lr"):
+        ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, lr)
+
+
+def test_bad_mode(ex, state):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, 0.1, mode="sideways")
+
+
+def test_not_a_state_or_not_an_sde(ex, state):
+    with pytest.raises(TypeError, match="fwdtrain.State"):
+        ft.step(ex.sde, tuple(state), torch.zeros(2, 1), 0.01, 0.1)
+    with pytest.raises(TypeError, match="fwdtrain.SDE"):
+        ft.step(lambda th, x: x, state, torch.zeros(2, 1), 0.01, 0.1)
+
+
+def test_state_that_requires_grad(ex, state):
+    bad = state._replace(x=state.x.clone().requires_grad_())
+    with pytest.raises(ValueError, match="requires grad"):
+        ft.step(ex.sde, bad, torch.zeros(2, 1), 0.01, 0.1)
+
+
+def test_sde_with_wrong_output_shapes():
+    theta = {"k": torch.ones(1)}
+    wrong_drift = ft.SDE(lambda th, x: th["k"] * x.sum() * torch.ones(2), lambda th, x: torch.ones(1),
+                         lambda th, x: x.sum())
+    with pytest.raises(ValueError, match=r"drift returned shape \(2,\)"):
+        ft.init(wrong_drift, theta, torch.ones(1))
+    wrong_cost = ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), lambda th, x: x)
+    with pytest.raises(ValueError, match="cost returned shape"):
+        ft.init(wrong_cost, theta, torch.ones(1))
+    wrong_sigma = ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(3), lambda th, x: x.sum())
+    with pytest.raises(ValueError, match="diffusion returned shape"):
+        ft.init(wrong_sigma, theta, torch.ones(1))
+
+
+def test_sde_fields_must_be_callable():
+    with pytest.raises(TypeError, match="drift"):
+        ft.SDE(1.0, lambda th, x: x, lambda th, x: x.sum())
+    with pytest.raises(TypeError, match="control"):
+        ft.ControlledSDE(None, lambda x, u: x, lambda x, u: x, lambda x, u: x.sum())
+
+
+def test_run_rejects_bad_counts(ex, state):
+    with pytest.raises(ValueError, match="steps"):
+        ft.run(ex.sde, state, -1, 0.01, 0.1)
+    with pytest.raises(ValueError, match="record_every"):
+        ft.run(ex.sde, state, 10, 0.01, 0.1, record_every=0)
+    with pytest.raises(ValueError, match="dt must be positive"):
+        ft.run(ex.sde, state, 10, 0.0, 0.1)

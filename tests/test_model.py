@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+import fwdtrain as ft
+
+
+def test_functional_matches_the_module_and_leaves_it_alone():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    apply, theta = ft.functional(module)
+    x = torch.randn(3)
+    torch.testing.assert_close(apply(theta, x), module(x))
+    assert set(theta) == {name for name, _ in module.named_parameters()}
+    assert all(not v.requires_grad and v.grad_fn is None for v in theta.values())
+    shifted = {k: v + 1.0 for k, v in theta.items()}
+    assert not torch.allclose(apply(shifted, x), module(x))
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_functional_rejects_non_modules_and_empty_modules():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        ft.functional(lambda x: x)
+    with pytest.raises(ValueError, match="no parameters"):
+        ft.functional(torch.nn.ReLU())
+
+
+def test_mlp_shapes_seed_and_output_bias():
+    a = ft.mlp([1, 16, 1], output_bias=False, seed=3)
+    b = ft.mlp([1, 16, 1], output_bias=False, seed=3)
+    assert set(a.theta) == {"weight0", "bias0", "weight1"}
+    assert a.theta["weight0"].shape == (16, 1) and a.theta["weight1"].shape == (1, 16)
+    for k in a.theta:
+        assert torch.equal(a.theta[k], b.theta[k])
+    assert a.apply(a.theta, torch.ones(1)).shape == (1,)
+    assert a.apply(a.theta, torch.ones(5, 1)).shape == (5, 1)
+    assert ft.mlp([2, 4, 3], dtype=torch.float64).theta["bias1"].dtype == torch.float64
+
+
+def test_mlp_equals_the_equivalent_module():
+    model = ft.mlp([2, 5, 3], activation="tanh", seed=1)
+    module = torch.nn.Sequential(torch.nn.Linear(2, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        for i, layer in enumerate([module[0], module[2]]):
+            layer.weight.copy_(model.theta[f"weight{i}"])
+            layer.bias.copy_(model.theta[f"bias{i}"])
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(model.apply(model.theta, x), module(x))
+
+
+def test_mlp_bad_arguments():
+    with pytest.raises(ValueError, match="two positive"):
+        ft.mlp([3])
+    with pytest.raises(ValueError, match="activation"):
+        ft.mlp([1, 2], activation="gelu-ish")
