@@ -1,0 +1,203 @@
+"""Command line: ``python -m fwdtrain [problem] [options]`` trains a built-in problem and prints
+the learned quantities against the known optimum (``lqr-1d`` when no problem is named).
+
+Exit status: 0 on success, 2 on bad options or an unreadable checkpoint, 3 on divergence,
+130 when interrupted with Ctrl-C (after printing the results so far and saving the checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+
+from . import examples, plotting, schedules
+from .checkpoint import load
+from .driver import run
+from .errors import CheckpointError, DivergenceError
+from .state import init
+
+SCHEDULES = ("constant", "inverse-time", "staged")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage block
+        self.exit(2, f"fwdtrain: error: {message} (see --help)\n")
+
+
+def _options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    add = common.add_argument
+    add("--steps", type=int, help="total training steps (a resumed run continues up to this count)")
+    add("--dt", type=float, help="time step h")
+    add("--particles", type=int, help="number of particles N")
+    add("--lr", type=float, help="learning rate alpha(0) (the schedule's scale)")
+    add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time "
+        "alpha T0/(T0 + t); staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
+    add("--lr-offset", type=float, default=50.0, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
+    add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
+    add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
+    add("--record-every", type=int, default=100, help="steps between history records (default 100)")
+    add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every --checkpoint-every steps")
+    add("--checkpoint-every", type=int, default=10_000, metavar="STEPS", help="default 10000")
+    add("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
+    add("--plot", metavar="PATH", help="write the PNG here (default fwdtrain-<problem>.png)")
+    add("--no-plot", action="store_true", help="do not write a plot")
+    add("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a terminal)")
+    add("--json", action="store_true", help="print one JSON object instead of the table")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fwdtrain", description="Online forward-propagation training of SDEs: train a built-in "
+                     f"problem and compare with its known optimum. Without a problem name, trains {examples.DEFAULT}.")
+    sub = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
+    common = _options()
+    for name, builder in examples.REGISTRY.items():
+        summary = (builder.__doc__ or "").strip().splitlines()[0] if builder.__doc__ else name
+        sub.add_parser(name, parents=[common], help=summary, description=summary)
+    return parser
+
+
+def _with_default_problem(argv: list[str]) -> list[str]:
+    if argv and (argv[0] in examples.REGISTRY or argv[0] in ("-h", "--help")):
+        return argv
+    return [examples.DEFAULT, *argv]
+
+
+def _schedule(name: str | None, base: float, offset: float, fallback):
+    if name is None:
+        return fallback
+    if name == "constant":
+        return schedules.constant(base)
+    if name == "inverse-time":
+        return schedules.inverse_time(base * offset, offset)
+    return schedules.staged(base)
+
+
+def _relative_error(learned: float, reference: float) -> float:
+    return abs(learned - reference) / abs(reference) if reference else abs(learned - reference)
+
+
+def _first(reference: dict, *names: str) -> float | None:
+    for name in names:
+        if name in reference:
+            return float(reference[name])
+    return None
+
+
+def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
+    checkpoint = None
+    saved: dict[str, Any] = {}
+    if args.resume:
+        checkpoint = load(args.resume)
+        saved = dict(checkpoint.metadata)
+        if explicit_problem and saved.get("problem", args.problem) != args.problem:
+            raise ValueError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
+    problem = saved.get("problem", args.problem)
+    if problem not in examples.REGISTRY:
+        raise ValueError(f"unknown problem {problem!r}; choose one of {sorted(examples.REGISTRY)}")
+    options = {key: saved[key] for key in ("particles", "dt", "seed", "steps") if key in saved}
+    if "dtype" in saved:
+        options["dtype"] = DTYPES[saved["dtype"]]
+    given = {"particles": args.particles, "dt": args.dt, "seed": args.seed, "steps": args.steps,
+             "dtype": DTYPES[args.dtype] if args.dtype else None, "lr": args.lr}
+    for key in ("particles", "dt", "dtype"):
+        if checkpoint is not None and given[key] is not None and key in options and given[key] != options[key]:
+            raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}")
+    options.update({key: value for key, value in given.items() if value is not None})
+    if "lr" not in options and "lr" in saved:
+        options["lr"] = saved["lr"]
+    example = examples.REGISTRY[problem](**options)
+    lr0 = example.lr(torch.zeros((), dtype=example.x0.dtype)) if callable(example.lr) else example.lr
+    lr0 = float(lr0)
+    schedule_name = args.schedule or saved.get("schedule")
+    lr = _schedule(schedule_name, lr0, args.lr_offset, example.lr)
+    if checkpoint is not None:
+        state, history = checkpoint.state, checkpoint.history
+        if state.x.shape[0] != example.particles or state.x.dtype != example.x0.dtype:
+            raise ValueError(f"--resume {args.resume}: the saved state has {state.x.shape[0]} particles of "
+                             f"{state.x.dtype}, the problem {example.particles} of {example.x0.dtype}")
+    else:
+        state, history = init(example.sde, example.theta, example.x0, example.particles), None
+    done = history.steps if history is not None else 0
+    remaining = max(example.steps - done, 0)
+    metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
+                "seed": options.get("seed", 0), "dtype": str(example.x0.dtype).removeprefix("torch."),
+                "lr": lr0, "schedule": schedule_name}
+    progress = False if args.no_progress or args.json else None
+    start = time.perf_counter()
+    state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
+                         record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
+                         checkpoint_every=args.checkpoint_every, metadata=metadata)
+    wall = time.perf_counter() - start
+    start = time.perf_counter()
+    learned = example.evaluate(state.theta)
+    evaluation = time.perf_counter() - start
+    metrics = {name: {"learned": float(learned[name]), "reference": float(reference),
+                      "relative_error": _relative_error(float(learned[name]), float(reference))}
+               for name, reference in example.reference.items() if name in learned}
+    plot, plot_note = None, None
+    if not args.no_plot:
+        if plotting.available():
+            optimal_slope = _first(example.reference, "slope", "optimal_slope")
+            control = getattr(example.sde, "control", None)
+            plot = plotting.plot_run(
+                args.plot or f"fwdtrain-{problem}.png", history, control=control, theta=state.theta,
+                optimal_control=(lambda xs: optimal_slope * xs) if optimal_slope is not None else None,
+                optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
+                title=f"{problem}: {history.steps} steps, dt {example.dt}, {example.particles} particles")
+        else:
+            plot_note = plotting.INSTALL_HINT
+    return {"problem": problem, "steps": history.steps, "steps_this_run": remaining if not history.interrupted
+            else history.steps - done, "t": float(state.t), "dt": example.dt, "particles": example.particles,
+            "dtype": metadata["dtype"], "lr": lr0, "schedule": schedule_name or "problem default",
+            "seed": metadata["seed"], "wall_s": wall, "steps_per_s": (history.steps - done) / wall if wall > 0 else math.inf,
+            "evaluate_s": evaluation, "metrics": metrics, "plot": plot, "plot_note": plot_note,
+            "checkpoint": args.checkpoint, "interrupted": history.interrupted}
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"fwdtrain {result['problem']}: {result['particles']} particles, dt {result['dt']}, "
+             f"{result['dtype']}, lr {result['lr']:g} ({result['schedule']}), seed {result['seed']}",
+             f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"]
+    for name, m in result["metrics"].items():
+        lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g}{m['relative_error']:>11.2%}")
+    lines.append(f"steps {result['steps']} (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
+                 f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s")
+    if result["interrupted"]:
+        lines.append(f"interrupted at step {result['steps']}" + (f"; checkpoint saved to {result['checkpoint']}"
+                                                               if result["checkpoint"] else ""))
+    elif result["checkpoint"]:
+        lines.append(f"checkpoint: {result['checkpoint']}")
+    if result["plot"]:
+        lines.append(f"plot: {result['plot']}")
+    if result["plot_note"]:
+        lines.append(result["plot_note"])
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m fwdtrain`` and the ``fwdtrain`` script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    explicit = bool(argv) and argv[0] in examples.REGISTRY
+    args = build_parser().parse_args(_with_default_problem(argv))
+    try:
+        result = _train(args, explicit)
+    except DivergenceError as error:
+        print(f"fwdtrain: diverged: {error}", file=sys.stderr)
+        return 3
+    except (ValueError, TypeError, CheckpointError) as error:
+        print(f"fwdtrain: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else _table(result))
+    return 130 if result["interrupted"] else 0
+
+
+__all__ = ["main", "build_parser"]
