@@ -31,21 +31,51 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fwdtrain: error: {message} (see --help)\n")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def _options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add = common.add_argument
-    add("--steps", type=int, help="total training steps (a resumed run continues up to this count)")
-    add("--dt", type=float, help="time step h")
-    add("--particles", type=int, help="number of particles N")
-    add("--lr", type=float, help="learning rate alpha(0) (the schedule's scale)")
+    add("--steps", type=_positive_int, help="total training steps (a resumed run continues up to this count)")
+    add("--dt", type=_positive_float, help="time step h")
+    add("--particles", type=_positive_int, help="number of particles N")
+    add("--lr", type=_rate, help="learning rate alpha(0) (the schedule's scale)")
     add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time "
         "alpha T0/(T0 + t); staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
-    add("--lr-offset", type=float, default=50.0, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
+    add("--lr-offset", type=_positive_float, default=50.0, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
     add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
-    add("--record-every", type=int, default=100, help="steps between history records (default 100)")
+    add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
     add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every --checkpoint-every steps")
-    add("--checkpoint-every", type=int, default=10_000, metavar="STEPS", help="default 10000")
+    add("--checkpoint-every", type=_positive_int, default=10_000, metavar="STEPS", help="default 10000")
     add("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
     add("--plot", metavar="PATH", help="write the PNG here (default fwdtrain-<problem>.png)")
     add("--no-plot", action="store_true", help="do not write a plot")
@@ -187,11 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m fwdtrain`` and the ``fwdtrain`` script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     explicit = bool(argv) and argv[0] in examples.REGISTRY
-    args = build_parser().parse_args(_with_default_problem(argv))
+    try:
+        args = build_parser().parse_args(_with_default_problem(argv))
+    except SystemExit as stop:  # --help, or a bad option (one line already printed)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         result = _train(args, explicit)
     except DivergenceError as error:
-        print(f"fwdtrain: diverged: {error}", file=sys.stderr)
+        print(f"fwdtrain: error: {error}", file=sys.stderr)
         return 3
     except (ValueError, TypeError, CheckpointError) as error:
         print(f"fwdtrain: error: {error}", file=sys.stderr)
