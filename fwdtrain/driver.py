@@ -32,54 +32,59 @@ class History(NamedTuple):
 
     step (R,):         step count n since the start of training (continues across resumes).
     t (R,):            time t_n.
-    cost (R,):         particle-mean cost of the last step before the record, mean_i c(X^i_{n-1}).
-    average_cost (R,): float64 running mean of the particle-mean cost over every step since
-                       the start of training, (1/n) sum_{k<n} mean_i c(X^i_k): the online
-                       estimate of the long-run cost J.
-    grad_norm (R,):    |G_{n-1}|, the norm of the particle-mean gradient estimate of that step.
-    record:            pytree of ``record(state)`` stacked over records (default: theta, leaves (R, *s)).
-    noise:             position of the noise stream after the last record (``state_dict`` of the
-                       source), so that ``run(..., history=h)`` continues the same stream.
+    cost (R,):         particle-mean cost averaged over the steps since the previous record at a
+                       multiple of ``record_every``: mean over k in (g, n] of mean_i c(X^i_{k-1}).
+    grad_norm (R,):    |G_{n-1}|, the norm of the particle-mean gradient estimate of the last step.
+    theta:             ``record(state)`` stacked over records (default theta itself: leaves (R, *s)).
+    average_cost (R,): float64 running mean of the particle-mean cost over every step since the
+                       start of training, (1/n) sum_{k<n} mean_i c(X^i_k): the online estimate of J.
+    carry:             what a continuation needs: the noise position after the last record and the
+                       running cost sums (plain data; saved in checkpoints).
     interrupted:       True when the run was stopped by KeyboardInterrupt.
 
     The last record is always the final state of the run; pass the history back to
-    ``run`` (with that state) to continue.
+    ``run`` (with that state) to continue it.
     """
 
     step: torch.Tensor
     t: torch.Tensor
     cost: torch.Tensor
-    average_cost: torch.Tensor
     grad_norm: torch.Tensor
-    record: Any
-    noise: dict | None = None
+    theta: Any
+    average_cost: torch.Tensor | None = None
+    carry: dict | None = None
     interrupted: bool = False
-
-    @property
-    def theta(self) -> Any:
-        """The recorded values (theta unless ``record=`` chose another function of the state)."""
-        return self.record
 
     @property
     def steps(self) -> int:
         """Steps taken since the start of training (0 for an empty history)."""
         return int(self.step[-1]) if len(self.step) else 0
 
+    @property
+    def noise(self) -> dict | None:
+        """The noise position after the last record (``state_dict`` of the source)."""
+        return None if self.carry is None else self.carry.get("noise")
+
     def numpy(self) -> dict[str, Any]:
-        """The records as numpy arrays: {"step", "t", "cost", "average_cost", "grad_norm", "record"}."""
+        """The records as numpy arrays: {"step", "t", "cost", "grad_norm", "theta", "average_cost"}."""
         def as_array(x):
             return x.detach().cpu().numpy()
-        return {"step": as_array(self.step), "t": as_array(self.t), "cost": as_array(self.cost),
-                "average_cost": as_array(self.average_cost), "grad_norm": as_array(self.grad_norm),
-                "record": tree_map(as_array, self.record)}
+        out = {"step": as_array(self.step), "t": as_array(self.t), "cost": as_array(self.cost),
+               "grad_norm": as_array(self.grad_norm), "theta": tree_map(as_array, self.theta)}
+        if self.average_cost is not None:
+            out["average_cost"] = as_array(self.average_cost)
+        return out
 
 
 class _Carry(NamedTuple):
-    """What the loop carries from step to step (assigned in one statement, so Ctrl-C never splits it)."""
+    """What the loop carries from step to step (assigned in one statement, so Ctrl-C never splits it).
+
+    total: float64 sum of the particle-mean costs of all steps since the start of training.
+    """
 
     state: State
     n: int
-    average: torch.Tensor
+    total: torch.Tensor
     info: StepInfo | None
 
 
@@ -153,23 +158,24 @@ def _empty_like_records(example: Any) -> Any:
     return tree_map(lambda leaf: torch.as_tensor(leaf)[None][:0], example)
 
 
-def _build_history(previous: History | None, records: list, empty_record: Any, noise: dict | None,
+def _build_history(previous: History | None, records: list, empty_record: Any, carry: dict | None,
                    interrupted: bool, dtype: torch.dtype, device: torch.device) -> History:
     """Stack the new records (and append them to ``previous``)."""
     if records:
         step = torch.tensor([r[0] for r in records], dtype=torch.long)
-        t, cost, average, grad = (torch.stack([r[i] for r in records]) for i in range(1, 5))
-        record = tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *[r[5] for r in records])
+        t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))
+        theta = tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *[r[5] for r in records])
     else:
         step = torch.zeros(0, dtype=torch.long)
         t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
         average = torch.zeros(0, dtype=torch.float64, device=device)
-        record = empty_record
+        theta = empty_record
     if previous is not None and len(previous.step):
-        step, t, cost, average, grad = (torch.cat([old, new]) for old, new in zip(
-            previous[:5], (step, t, cost, average, grad)))
-        record = tree_map(lambda old, new: torch.cat([old, new]), previous.record, record)
-    return History(step, t, cost, average, grad, record, noise, interrupted)
+        step, t, cost, grad, average = (torch.cat([old, new]) for old, new in zip(
+            (previous.step, previous.t, previous.cost, previous.grad_norm, previous.average_cost),
+            (step, t, cost, grad, average)))
+        theta = tree_map(lambda old, new: torch.cat([old, new]), previous.theta, theta)
+    return History(step, t, cost, grad, theta, average, carry, interrupted)
 
 
 def run(
@@ -253,9 +259,15 @@ def run(
         raise ValueError("the initial state has non-finite entries" + (f" or entries above bound={bound}" if bound else ""))
     record = (lambda s: s.theta) if record is None else record
 
-    start, average = 0, torch.zeros((), dtype=torch.float64, device=device)
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    start, total, window = 0, zero, (0, zero)  # window: (step, total) at the last record on the grid
     if history is not None and len(history.step):
-        start, average = history.steps, history.average_cost[-1]
+        if history.carry is None or history.average_cost is None:
+            raise ValueError("history has no carry (it was not returned by fwdtrain.run or load); "
+                             "it cannot be continued")
+        start = history.steps
+        total = history.carry["cost_total"].to(device)
+        window = (history.carry["window_start"], history.carry["window_total"].to(device))
         if not torch.equal(history.t[-1].to(state.t), state.t):
             raise ValueError(f"history ends at t = {float(history.t[-1])} but state.t = {float(state.t)}: "
                              f"pass the history that was returned (or saved) with this state")
@@ -293,32 +305,38 @@ def run(
     end = start + steps
     records: list = []
     empty_record = _empty_like_records(record(state))
-    carry = _Carry(state, start, average, None)
-    good = (carry, source.state_dict(start))  # last carry known finite, with its noise position
+    carry = _Carry(state, start, total, None)
+    good = (carry, source.state_dict(start))  # the last carry known finite, with its noise position
     bar = _Progress(steps, start) if steps and _progress_enabled(progress) else None
 
     def append_record(c: _Carry) -> None:
-        if c.info is not None and (not records or records[-1][0] != c.n):
-            records.append((c.n, c.state.t, c.info.cost, c.average, squared_norm(c.info.gradient).sqrt(),
-                            record(c.state)))
+        nonlocal window
+        if c.info is None or (records and records[-1][0] == c.n):
+            return
+        g, total_g = window
+        records.append((c.n, c.state.t, ((c.total - total_g) / (c.n - g)).to(dtype),
+                        squared_norm(c.info.gradient).sqrt(), c.total / c.n, record(c.state)))
+        if c.n % record_every == 0:
+            window = (c.n, c.total)
 
-    def history_at(noise_state: dict | None, interrupted: bool = False) -> History:
-        return _build_history(history, records, empty_record, noise_state, interrupted, dtype, device)
+    def history_at(c: _Carry, noise_state: dict, interrupted: bool = False) -> History:
+        carried = {"noise": noise_state, "cost_total": c.total, "window_start": window[0],
+                   "window_total": window[1]}
+        return _build_history(history, records, empty_record, carried, interrupted, dtype, device)
 
     def save(c: _Carry, hist: History) -> None:
         from .checkpoint import save as save_checkpoint
         save_checkpoint(checkpoint, c.state, hist, metadata=metadata)
 
     def diverged(n: int) -> DivergenceError:
-        last, noise_state = good
-        del records[next((i for i, r in enumerate(records) if r[0] > last.n), len(records)):]
+        last, noise_state = good  # no record is ever taken after the last passed check
         append_record(last)
         limit = f" or exceeded bound={bound}" if bound is not None else ""
         return DivergenceError(
             f"the run diverged: x, x_tilde or theta became non-finite{limit} between step {last.n} and "
             f"step {n} (t = {float(last.state.t):.6g} to {float(last.state.t) + (n - last.n) * float(dt):.6g}); "
             f"the last finite state (step {last.n}) is in error.state; try a smaller lr or dt",
-            step=n, last_finite_step=last.n, state=last.state, history=history_at(noise_state))
+            step=n, last_finite_step=last.n, state=last.state, history=history_at(last, noise_state))
 
     def on_event(c: _Carry) -> int:
         nonlocal good
@@ -334,26 +352,25 @@ def run(
         if callback is not None and n % callback_every == 0:
             callback(n, c.state)
         if bar is not None and (n % progress_every == 0 or n == end):
-            bar.update(n, c.average)
+            bar.update(n, c.total / n)
         if is_checkpoint and n != end:
             append_record(c)
-            save(c, history_at(good[1]))
+            save(c, history_at(c, good[1]))
+        return _next_event(n)
+
+    def _next_event(n: int) -> int:
         return min(_next(n, record_every), _next(n, check_every), _next(n, callback_every if callback else None),
                    _next(n, progress_every if bar else None),
                    _next(n, checkpoint_every if checkpoint is not None else None), end)
 
-    next_event = min(_next(start, record_every), _next(start, check_every), end)
-    next_event = min(next_event, _next(start, callback_every if callback else None),
-                     _next(start, progress_every if bar else None),
-                     _next(start, checkpoint_every if checkpoint is not None else None))
+    next_event = _next_event(start)
     interrupted = False
     try:
         try:
             while carry.n < end:
                 for dw in source.draw(min(chunk, end - carry.n)):
                     new, info = one_step(carry.state, dw, schedule(carry.state.t))
-                    carry = _Carry(new, carry.n + 1, carry.average + (info.cost.double() - carry.average) / (carry.n + 1),
-                                   info)
+                    carry = _Carry(new, carry.n + 1, carry.total + info.cost, info)
                     if carry.n == next_event:
                         next_event = on_event(carry)
         except KeyboardInterrupt:
@@ -364,9 +381,9 @@ def run(
     finally:
         if bar is not None:
             bar.close()
-    if carry.n == start and not records and history is not None:
+    if carry.n == start and history is not None:
         return state, history._replace(interrupted=interrupted)
-    result = history_at(source.state_dict(carry.n), interrupted)
+    result = history_at(carry, source.state_dict(carry.n), interrupted)
     if checkpoint is not None:
         save(carry, result)
     return carry.state, result

@@ -120,3 +120,14 @@ def test_default_problem_and_help(capsys):
     assert cli.main(["--help"]) == 0
     assert "lqr-1d" in capsys.readouterr().out
     assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_readme_quick_start_and_example_run():
+    text = (ROOT / "README.md").read_text()
+    commands = re.search(r"## Quick start\n\n```\n(.*?)```", text, re.S).group(1).splitlines()
+    setup = "pip install torch==2.13.0 -e '.[test,plot]' && "
+    assert commands[:2] == [setup + "python -m fwdtrain", setup + "python -m pytest -q"]
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    code = blocks[0].replace("range(1000)", "range(60)")  # the same code, fewer steps
+    assert code != blocks[0]
+    exec(compile(code, "README.md", "exec"), {})
