@@ -185,12 +185,12 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                 title=f"{problem}: {history.steps} steps, dt {example.dt}, {example.particles} particles")
         else:
             plot_note = plotting.INSTALL_HINT
-    return {"problem": problem, "steps": history.steps, "steps_this_run": remaining if not history.interrupted
-            else history.steps - done, "t": float(state.t), "dt": example.dt, "particles": example.particles,
-            "dtype": metadata["dtype"], "lr": lr0, "schedule": schedule_name or "problem default",
-            "seed": metadata["seed"], "wall_s": wall, "steps_per_s": (history.steps - done) / wall if wall > 0 else math.inf,
-            "evaluate_s": evaluation, "metrics": metrics, "plot": plot, "plot_note": plot_note,
-            "checkpoint": args.checkpoint, "interrupted": history.interrupted}
+    taken = history.steps - done
+    return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
+            "dt": example.dt, "particles": example.particles, "dtype": metadata["dtype"], "lr": lr0,
+            "schedule": schedule_name or "problem default", "seed": metadata["seed"], "wall_s": wall,
+            "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
+            "plot": plot, "plot_note": plot_note, "checkpoint": args.checkpoint, "interrupted": history.interrupted}
 
 
 def _table(result: dict[str, Any]) -> str:

@@ -144,6 +144,14 @@ def test_progress_bar_off_when_not_a_terminal(capsys):
     assert "20" in capsys.readouterr().err
 
 
+def test_progress_without_tqdm_falls_back_to_a_plain_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # import fails as if tqdm were missing
+    sde, state = linear_problem()
+    ft.run(sde, state, 20, DT, 0.1, progress=True, progress_every=10)
+    err = capsys.readouterr().err
+    assert "step 20/20" in err and "steps/s" in err and "cost" in err
+
+
 def test_record_reduce_callback_and_numpy():
     sde, state = linear_problem()
     seen = []
