@@ -62,9 +62,9 @@ def plot_control(ax, control, theta, optimal: Callable[[torch.Tensor], torch.Ten
 
 
 def plot_cost(ax, history, optimal_cost: float | None = None) -> None:
-    """Running average cost and the instantaneous particle-mean cost at the records, against time."""
+    """Running average cost and the cost averaged over each record interval, against time."""
     h = history.numpy()
-    ax.plot(h["t"], h["cost"], lw=0.5, alpha=0.4, label="particle-mean cost at records")
+    ax.plot(h["t"], h["cost"], lw=0.5, alpha=0.4, label="cost, mean over each record interval")
     ax.plot(h["t"], h["average_cost"], lw=1.5, label="running average cost")
     if optimal_cost is not None:
         ax.axhline(optimal_cost, ls="--", color="k", label=f"optimal cost {optimal_cost:.5g}")
