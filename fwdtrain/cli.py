@@ -23,12 +23,9 @@ from .errors import CheckpointError, DivergenceError
 from .state import init
 
 SCHEDULES = ("constant", "inverse-time", "staged")
-# Where the command line's defaults differ from the example builder's: lqr-1d's builder trains 20,000
-# steps at a constant rate (about a minute on one core); 8,000 steps with alpha 0.5 * 20 / (20 + t)
-# train as well (measured over seeds 0-2) in under half of that. Explicit options always win.
-CLI_DEFAULTS: dict[str, dict[str, Any]] = {
-    "lqr-1d": {"steps": 8000, "schedule": "inverse-time", "lr_offset": 20.0},
-}
+# Where the command line's defaults should differ from an example builder's, per problem (none now:
+# the builders' defaults are the ones that train). Explicit options always win.
+CLI_DEFAULTS: dict[str, dict[str, Any]] = {}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -73,7 +70,7 @@ def _options() -> argparse.ArgumentParser:
     add("--steps", type=_positive_int, help="total training steps (a resumed run continues up to this count)")
     add("--dt", type=_positive_float, help="time step h")
     add("--particles", type=_positive_int, help="number of particles N")
-    add("--lr", type=_rate, help="learning rate alpha(0) (the schedule's scale)")
+    add("--lr", type=_rate, help="learning rate alpha(0); without --schedule the problem's schedule is scaled to it")
     add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time "
         "alpha T0/(T0 + t); staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
     add("--lr-offset", type=_positive_float, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
@@ -107,14 +104,25 @@ def _with_default_problem(argv: list[str]) -> list[str]:
     return [examples.DEFAULT, *argv]
 
 
-def _schedule(name: str | None, base: float, offset: float, fallback):
-    if name is None:
-        return fallback
+def _learning_rate(example, lr: float | None, name: str | None, offset: float):
+    """(schedule, alpha(0)): the named schedule starting at ``lr`` (default: the problem's alpha(0)),
+    or, without a name, the problem's own schedule scaled so that alpha(0) = lr."""
+    own = example.lr if callable(example.lr) else schedules.constant(float(example.lr))
+    own0 = float(own(torch.zeros((), dtype=example.x0.dtype)))
+    base = own0 if lr is None else float(lr)
     if name == "constant":
-        return schedules.constant(base)
+        return schedules.constant(base), base
     if name == "inverse-time":
-        return schedules.inverse_time(base * offset, offset)
-    return schedules.staged(base)
+        return schedules.inverse_time(base * offset, offset), base
+    if name == "staged":
+        return schedules.staged(base), base
+    if lr is None or base == own0:
+        return own, own0
+    if own0 == 0:
+        raise ValueError(f"--lr: the problem's learning rate starts at 0 and cannot be scaled; "
+                         f"choose a --schedule as well")
+    factor = base / own0
+    return (lambda t: own(t) * factor), base
 
 
 def _relative_error(learned: float, reference: float) -> float:
@@ -144,19 +152,16 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     if "dtype" in saved:
         options["dtype"] = DTYPES[saved["dtype"]]
     given = {"particles": args.particles, "dt": args.dt, "seed": args.seed, "steps": args.steps,
-             "dtype": DTYPES[args.dtype] if args.dtype else None, "lr": args.lr}
+             "dtype": DTYPES[args.dtype] if args.dtype else None}
     for key in ("particles", "dt", "dtype"):
         if checkpoint is not None and given[key] is not None and key in options and given[key] != options[key]:
             raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}")
     options.update({key: value for key, value in given.items() if value is not None})
-    if "lr" not in options and "lr" in saved:
-        options["lr"] = saved["lr"]
     example = examples.REGISTRY[problem](**options)
-    lr0 = example.lr(torch.zeros((), dtype=example.x0.dtype)) if callable(example.lr) else example.lr
-    lr0 = float(lr0)
     schedule_name = args.schedule or defaults.get("schedule")
     lr_offset = args.lr_offset or defaults.get("lr_offset") or 50.0
-    lr = _schedule(schedule_name, lr0, lr_offset, example.lr)
+    lr, lr0 = _learning_rate(example, args.lr if args.lr is not None else defaults.get("lr"), schedule_name,
+                             lr_offset)
     if checkpoint is not None:
         state, history = checkpoint.state, checkpoint.history
         if state.x.shape[0] != example.particles or state.x.dtype != example.x0.dtype:

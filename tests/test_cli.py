@@ -114,6 +114,19 @@ def test_without_matplotlib_it_says_how_to_get_plots(registry, tmp_path, capsys,
     assert not (tmp_path / "p.png").exists()
 
 
+def test_learning_rate_options():
+    ex = tiny(lr=0.5)
+    t = torch.tensor(20.0, dtype=torch.float64)
+    own, lr0 = cli._learning_rate(ex, None, None, 50.0)
+    assert own is ex.lr and lr0 == 0.5
+    scaled, lr0 = cli._learning_rate(ex._replace(lr=ft.schedules.inverse_time(10.0, 20.0)), 0.25, None, 50.0)
+    assert lr0 == 0.25 and float(scaled(t)) == pytest.approx(0.125)  # the problem's shape, starting at 0.25
+    inverse, lr0 = cli._learning_rate(ex, None, "inverse-time", 20.0)
+    assert lr0 == 0.5 and float(inverse(t)) == pytest.approx(0.25)
+    staged, _ = cli._learning_rate(ex, 0.4, "staged", 50.0)
+    assert float(staged(torch.tensor(60.0))) == pytest.approx(0.2)
+
+
 def test_default_problem_and_help(capsys):
     assert cli._with_default_problem([]) == [examples.DEFAULT]
     assert cli._with_default_problem(["--steps", "5"]) == [examples.DEFAULT, "--steps", "5"]
