@@ -204,7 +204,7 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
             or "problem default", "seed": metadata["seed"], "wall_s": wall,
             "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
-            "plot": plot, "plot_note": plot_note, "checkpoint": args.checkpoint, "interrupted": history.interrupted}
+            "plot": plot, "plot_note": plot_note, "checkpoint": args.checkpoint, "interrupted": bool(history.interrupted)}
 
 
 def _table(result: dict[str, Any]) -> str:

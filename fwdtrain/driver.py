@@ -39,8 +39,10 @@ class History(NamedTuple):
     average_cost (R,): float64 running mean of the particle-mean cost over every step since the
                        start of training, (1/n) sum_{k<n} mean_i c(X^i_k): the online estimate of J.
     carry:             what a continuation needs: the noise position after the last record and the
-                       running cost sums (plain data; saved in checkpoints).
-    interrupted:       True when the run was stopped by KeyboardInterrupt.
+                       running cost sums (a dict of tensors; saved in checkpoints).
+    interrupted:       0-d bool tensor, True when the run was stopped by KeyboardInterrupt.
+
+    Every leaf is a tensor, so a History is a pytree like the State (``tree_map`` works on it).
 
     The last record is always the final state of the run; pass the history back to
     ``run`` (with that state) to continue it.
@@ -53,7 +55,7 @@ class History(NamedTuple):
     theta: Any
     average_cost: torch.Tensor | None = None
     carry: dict | None = None
-    interrupted: bool = False
+    interrupted: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -175,7 +177,7 @@ def _build_history(previous: History | None, records: list, empty_record: Any, c
             (previous.step, previous.t, previous.cost, previous.grad_norm, previous.average_cost),
             (step, t, cost, grad, average)))
         theta = tree_map(lambda old, new: torch.cat([old, new]), previous.theta, theta)
-    return History(step, t, cost, grad, theta, average, carry, interrupted)
+    return History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted))
 
 
 def run(
@@ -267,16 +269,16 @@ def run(
                              "it cannot be continued")
         start = history.steps
         total = history.carry["cost_total"].to(device)
-        window = (history.carry["window_start"], history.carry["window_total"].to(device))
+        window = (int(history.carry["window_start"]), history.carry["window_total"].to(device))
         if not torch.equal(history.t[-1].to(state.t), state.t):
             raise ValueError(f"history ends at t = {float(history.t[-1])} but state.t = {float(state.t)}: "
                              f"pass the history that was returned (or saved) with this state")
     source = as_noise(noise)
     if source is None and history is not None and history.noise is not None:
-        if history.noise.get("kind") != BrownianNoise.kind:
-            raise ValueError(f"the history was produced with user-supplied noise ({history.noise.get('kind')}); "
+        if BrownianNoise.kind not in history.noise:
+            raise ValueError(f"the history was produced with user-supplied noise ({', '.join(history.noise)}); "
                              f"pass the same noise= again to continue it")
-        source = BrownianNoise.from_state_dict(history.noise, device)
+        source = BrownianNoise.from_state_dict(history.noise, dtype, device)
     elif source is None:
         source = BrownianNoise((state.particles, m), float(dt), seed=seed, dtype=dtype, device=device)
     else:
@@ -320,8 +322,8 @@ def run(
             window = (c.n, c.total)
 
     def history_at(c: _Carry, noise_state: dict, interrupted: bool = False) -> History:
-        carried = {"noise": noise_state, "cost_total": c.total, "window_start": window[0],
-                   "window_total": window[1]}
+        carried = {"noise": noise_state, "cost_total": c.total,
+                   "window_start": torch.tensor(window[0], dtype=torch.int64), "window_total": window[1]}
         return _build_history(history, records, empty_record, carried, interrupted, dtype, device)
 
     def save(c: _Carry, hist: History) -> None:
@@ -382,7 +384,7 @@ def run(
         if bar is not None:
             bar.close()
     if carry.n == start and history is not None:
-        return state, history._replace(interrupted=interrupted)
+        return state, history._replace(interrupted=torch.tensor(interrupted))
     result = history_at(carry, source.state_dict(carry.n), interrupted)
     if checkpoint is not None:
         save(carry, result)

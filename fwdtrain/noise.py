@@ -23,12 +23,6 @@ from . import _checks
 
 BLOCK = 64  # steps per generator call; part of the definition of the default stream
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
 
 class BrownianNoise:
     """Seeded Gaussian increments N(0, dt I_m) for N particles, drawn in blocks of ``block`` steps.
@@ -86,8 +80,10 @@ class BrownianNoise:
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
-        """The position of the stream at step ``position`` (default: the current one) as plain data.
+        """The stream's position at step ``position`` (default: the current one), as tensors only.
 
+        ``{"brownian": {generator, position, offset, seed, block, shape, dt}}``: the generator
+        state before the block holding step ``position`` and the offset in that block.
         ``position`` may be any step from the start of the latest ``draw`` up to
         ``self.position`` (a driver asks for the step its loop has reached).
         """
@@ -100,31 +96,35 @@ class BrownianNoise:
         else:
             raise ValueError(f"the noise position {position} is outside the latest draw "
                              f"(steps up to {self.position} are known)")
-        return {"kind": self.kind, "position": position, "offset": offset, "generator": state.clone(),
-                "seed": self.seed, "block": self.block, "shape": list(self.shape), "dt": self.dt,
-                "dtype": _dtype_name(self.dtype), "device": str(self.device)}
+        def integer(value):
+            return torch.tensor(value, dtype=torch.int64)
+        return {self.kind: {"generator": state.clone(), "position": integer(position), "offset": integer(offset),
+                            "seed": integer(self.seed), "block": integer(self.block),
+                            "shape": integer(list(self.shape)), "dt": torch.tensor(self.dt, dtype=torch.float64)}}
 
     @classmethod
-    def from_state_dict(cls, data: dict[str, Any], device: torch.device | str | None = None) -> "BrownianNoise":
-        """Rebuild a source at the saved position; the stream continues bitwise as it would have."""
-        if not isinstance(data, dict) or data.get("kind") != cls.kind:
-            raise ValueError(f"not a BrownianNoise state: {data!r:.200}")
-        dtype = _DTYPES.get(data["dtype"])
-        if dtype is None:
-            raise ValueError(f"unknown noise dtype {data['dtype']!r}")
-        source = cls(tuple(data["shape"]), data["dt"], seed=data["seed"], dtype=dtype,
-                     device=data["device"] if device is None else device, block=data["block"])
-        source._generator.set_state(data["generator"])
-        index = data["position"] // source.block
+    def from_state_dict(cls, data: dict[str, Any], dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "BrownianNoise":
+        """Rebuild a source at the saved position; the stream continues bitwise as it would have.
+
+        ``dtype`` and ``device`` are those of the run (the saved state does not repeat them).
+        """
+        if not isinstance(data, dict) or cls.kind not in data:
+            raise ValueError(f"not a BrownianNoise state (expected a dict with key {cls.kind!r}): {data!r:.200}")
+        saved = data[cls.kind]
+        source = cls(tuple(int(n) for n in saved["shape"]), float(saved["dt"]), seed=int(saved["seed"]),
+                     dtype=dtype, device=device, block=int(saved["block"]))
+        source._generator.set_state(saved["generator"])
+        index = int(saved["position"]) // source.block
         source._drawn = index
         source.position = index * source.block
-        if data["offset"]:
-            source.draw(data["offset"])
+        if int(saved["offset"]):
+            source.draw(int(saved["offset"]))
         return source
 
     def copy(self) -> "BrownianNoise":
         """An independent source at the same position."""
-        return BrownianNoise.from_state_dict(self.state_dict(), self.device)
+        return BrownianNoise.from_state_dict(self.state_dict(), self.dtype, self.device)
 
     def __repr__(self) -> str:
         return (f"BrownianNoise(shape={self.shape}, dt={self.dt}, seed={self.seed}, dtype={self.dtype}, "
@@ -154,7 +154,8 @@ class TensorNoise:
         return out
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
-        return {"kind": self.kind, "position": self.position if position is None else position}
+        position = self.position if position is None else position
+        return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
 
     def copy(self) -> "TensorNoise":
         return TensorNoise(self.increments, self.position)
@@ -185,7 +186,8 @@ class FunctionNoise:
         return out
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
-        return {"kind": self.kind, "position": self.position if position is None else position}
+        position = self.position if position is None else position
+        return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
 
     def copy(self) -> "FunctionNoise":
         return FunctionNoise(self.fn, self.position)

@@ -28,7 +28,7 @@ def test_round_trip_and_bitwise_resume(tmp_path):
     loaded = ft.load(path)
     assert isinstance(loaded, ft.Checkpoint) and loaded.metadata == {"problem": "lqr-1d", "dt": ex.dt}
     assert same(loaded.state, state) and same(loaded.history[:6], history[:6])
-    assert loaded.history.noise["position"] == 30
+    assert loaded.history.noise["brownian"]["position"] == 30
     resumed, resumed_history = ft.run(ex.sde, loaded.state, 45, ex.dt, ex.lr, record_every=20,
                                       history=loaded.history)
     whole, whole_history = ft.run(ex.sde, start, 75, ex.dt, ex.lr, record_every=20)

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny(*, particles=3, dt=0.01, steps=40, lr=0.5, seed=0, dtype=torch.float64):
     """lqr-1d with a 4-unit network and a cheap evaluate, for fast in-process CLI tests."""
     ex = examples.lqr_1d(particles=particles, dt=dt, steps=steps, lr=lr, seed=seed, dtype=dtype, hidden=4)
-    return ex._replace(name="tiny", evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta),
-                                                            "cost": 0.5})
+    return ex._replace(name="tiny", lr=ft.schedules.constant(lr),
+                       evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5})
 
 
 def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):

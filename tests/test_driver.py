@@ -160,6 +160,7 @@ def test_record_reduce_callback_and_numpy():
                             reduce=lambda g: tree_map(torch.zeros_like, g))
     assert torch.equal(final.theta["k"], state.theta["k"])  # the reduce hook fed the update
     assert seen == [15, 30] and history.theta.shape == (3,)
+    assert all(isinstance(leaf, torch.Tensor) for leaf in leaves(history))  # a pytree of tensors, like State
     arrays = history.numpy()
     assert arrays["step"].tolist() == [10, 20, 30] and arrays["average_cost"].dtype.name == "float64"
 
