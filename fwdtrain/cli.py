@@ -89,7 +89,9 @@ def _options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fwdtrain", description="Online forward-propagation training of SDEs: train a built-in "
-                     f"problem and compare with its known optimum. Without a problem name, trains {examples.DEFAULT}.")
+                     f"problem and compare with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
+                     epilog="options: fwdtrain PROBLEM --help (--steps, --dt, --particles, --lr, --schedule, --seed, "
+                     "--dtype, --checkpoint, --resume, --plot, --no-progress, --json, ...)")
     sub = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
     common = _options()
     for name, builder in examples.REGISTRY.items():

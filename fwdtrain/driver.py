@@ -12,7 +12,6 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
 import torch
 
 from . import _checks
@@ -132,7 +131,7 @@ class _Progress:
         except ImportError:
             self.bar = None
         else:
-            self.bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(total=total, unit="step", file=sys.stderr, smoothing=0.1)
 
     def update(self, n: int, average: torch.Tensor) -> None:
         cost = float(average)
