@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from . import examples, plotting, schedules
-from .checkpoint import load
+from .checkpoint import load, save
 from .driver import run
 from .errors import CheckpointError, DivergenceError
 from .state import init
@@ -178,9 +178,15 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                 "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
     progress = False if args.no_progress or args.json else None
     start = time.perf_counter()
-    state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
-                         record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
-                         checkpoint_every=args.checkpoint_every, metadata=metadata)
+    try:
+        state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
+                             record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
+                             checkpoint_every=args.checkpoint_every, metadata=metadata)
+    except DivergenceError as error:
+        if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
+            save(args.checkpoint, error.state, error.history, metadata=metadata)
+            error.args = (f"{error.args[0]}; it is saved in {args.checkpoint}",)
+        raise
     wall = time.perf_counter() - start
     start = time.perf_counter()
     learned = example.evaluate(state.theta)

@@ -84,10 +84,13 @@ def test_bad_options_exit_nonzero_with_one_line(registry, argv, capsys):
     assert err.startswith("fwdtrain: error:") and err.count("\n") == 1, err
 
 
-def test_divergence_exits_3(registry, capsys):
-    assert cli.main(["boom", "--no-plot"]) == 3
+def test_divergence_exits_3_and_keeps_the_last_finite_state(registry, tmp_path, capsys):
+    path = tmp_path / "ck.pt"
+    assert cli.main(["boom", "--no-plot", "--record-every", "2", "--checkpoint", str(path)]) == 3
     err = capsys.readouterr().err
-    assert "diverged" in err and "last finite" in err and err.count("\n") == 1
+    assert "diverged" in err and "last finite" in err and str(path) in err and err.count("\n") == 1
+    saved = ft.load(path)
+    assert 0 < saved.history.steps < 200 and bool(torch.isfinite(saved.state.x).all())
 
 
 def test_interrupt_prints_results_and_saves(registry, tmp_path, capsys, monkeypatch):

@@ -70,6 +70,12 @@ def test_continuing_with_the_history_equals_one_run():
     rest, rest_history = ft.run(sde, half, 70, DT, lr, seed=999, record_every=20, history=half_history)
     assert same(rest, whole)
     assert same(tensors(rest_history), tensors(whole_history))
+    increments = ft.BrownianNoise((4, 1), DT, seed=4, dtype=torch.float64).draw(130)
+    first, first_history = ft.run(sde, state, 60, DT, lr, noise=increments, record_every=20)
+    second, _ = ft.run(sde, first, 70, DT, lr, noise=increments, history=first_history)  # rows 60.. are used
+    assert same(second, ft.run(sde, state, 130, DT, lr, noise=increments)[0])
+    with pytest.raises(ValueError, match="user-supplied noise"):
+        ft.run(sde, first, 10, DT, lr, history=first_history)
     with pytest.raises(ValueError, match="history ends at t"):
         ft.run(sde, state, 10, DT, lr, history=half_history)
     with pytest.raises(ValueError, match="noise source is at step 0"):
