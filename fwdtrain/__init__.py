@@ -4,10 +4,13 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import examples, schedules
-from .driver import History, run
+from . import examples, noise, schedules
+from .checkpoint import Checkpoint, load, save
+from .driver import History, run, step_function
+from .errors import CheckpointError, DivergenceError
 from .evaluate import CostEstimate, stationary_cost
 from .model import Model, functional, mlp
+from .noise import BrownianNoise, FunctionNoise, TensorNoise
 from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Linearisation, linearise
 from .state import State, init, noise_dim
@@ -19,4 +22,6 @@ __all__ = [
     "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
     "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
     "linearise", "stationary_cost", "schedules", "examples",
+    "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
+    "DivergenceError", "CheckpointError",
 ]

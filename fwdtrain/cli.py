@@ -1,0 +1,258 @@
+"""Command line: ``python -m fwdtrain [problem] [options]`` trains a built-in problem and prints
+the learned quantities against the known optimum (``lqr-1d`` when no problem is named).
+
+Exit status: 0 on success, 2 on bad options or an unreadable checkpoint, 3 on divergence,
+130 when interrupted with Ctrl-C (after printing the results so far and saving the checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+
+from . import examples, plotting, schedules
+from .checkpoint import load, save
+from .driver import run
+from .errors import CheckpointError, DivergenceError
+from .state import init
+
+SCHEDULES = ("constant", "inverse-time", "staged")
+# Where the command line's defaults should differ from an example builder's, per problem (none now:
+# the builders' defaults are the ones that train). Explicit options always win.
+CLI_DEFAULTS: dict[str, dict[str, Any]] = {}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage block
+        self.exit(2, f"fwdtrain: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    add = common.add_argument
+    add("--steps", type=_positive_int, help="total training steps (a resumed run continues up to this count)")
+    add("--dt", type=_positive_float, help="time step h")
+    add("--particles", type=_positive_int, help="number of particles N")
+    add("--lr", type=_rate, help="learning rate alpha(0); without --schedule the problem's schedule is scaled to it")
+    add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time "
+        "alpha T0/(T0 + t); staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
+    add("--lr-offset", type=_positive_float, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
+    add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
+    add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
+    add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
+    add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every --checkpoint-every steps")
+    add("--checkpoint-every", type=_positive_int, default=10_000, metavar="STEPS", help="default 10000")
+    add("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
+    add("--plot", metavar="PATH", help="write the PNG here (default fwdtrain-<problem>.png)")
+    add("--no-plot", action="store_true", help="do not write a plot")
+    add("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a terminal)")
+    add("--json", action="store_true", help="print one JSON object instead of the table")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fwdtrain", description="Online forward-propagation training of SDEs: train a built-in "
+                     f"problem and compare with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
+                     epilog="options: fwdtrain PROBLEM --help (--steps, --dt, --particles, --lr, --schedule, --seed, "
+                     "--dtype, --checkpoint, --resume, --plot, --no-progress, --json, ...)")
+    sub = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
+    common = _options()
+    for name, builder in examples.REGISTRY.items():
+        summary = (builder.__doc__ or "").strip().splitlines()[0] if builder.__doc__ else name
+        sub.add_parser(name, parents=[common], help=summary, description=summary)
+    return parser
+
+
+def _with_default_problem(argv: list[str]) -> list[str]:
+    if argv and (argv[0] in examples.REGISTRY or argv[0] in ("-h", "--help")):
+        return argv
+    return [examples.DEFAULT, *argv]
+
+
+def _learning_rate(example, lr: float | None, name: str | None, offset: float):
+    """(schedule, alpha(0)): the named schedule starting at ``lr`` (default: the problem's alpha(0)),
+    or, without a name, the problem's own schedule scaled so that alpha(0) = lr."""
+    own = example.lr if callable(example.lr) else schedules.constant(float(example.lr))
+    own0 = float(own(torch.zeros((), dtype=example.x0.dtype)))
+    base = own0 if lr is None else float(lr)
+    if name == "constant":
+        return schedules.constant(base), base
+    if name == "inverse-time":
+        return schedules.inverse_time(base * offset, offset), base
+    if name == "staged":
+        return schedules.staged(base), base
+    if lr is None or base == own0:
+        return own, own0
+    if own0 == 0:
+        raise ValueError(f"--lr: the problem's learning rate starts at 0 and cannot be scaled; "
+                         f"choose a --schedule as well")
+    factor = base / own0
+    return (lambda t: own(t) * factor), base
+
+
+def _relative_error(learned: float, reference: float) -> float:
+    return abs(learned - reference) / abs(reference) if reference else abs(learned - reference)
+
+
+def _first(reference: dict, *names: str) -> float | None:
+    for name in names:
+        if name in reference:
+            return float(reference[name])
+    return None
+
+
+def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
+    checkpoint = None
+    saved: dict[str, Any] = {}
+    if args.resume:
+        checkpoint = load(args.resume)
+        saved = dict(checkpoint.metadata)
+        if explicit_problem and saved.get("problem", args.problem) != args.problem:
+            raise ValueError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
+    problem = saved.get("problem", args.problem)
+    if problem not in examples.REGISTRY:
+        raise ValueError(f"unknown problem {problem!r}; choose one of {sorted(examples.REGISTRY)}")
+    defaults = {**CLI_DEFAULTS.get(problem, {}), **saved}
+    options = {key: defaults[key] for key in ("particles", "dt", "seed", "steps") if key in defaults}
+    if "dtype" in saved:
+        options["dtype"] = DTYPES[saved["dtype"]]
+    given = {"particles": args.particles, "dt": args.dt, "seed": args.seed, "steps": args.steps,
+             "dtype": DTYPES[args.dtype] if args.dtype else None}
+    for key in ("particles", "dt", "dtype"):
+        if checkpoint is not None and given[key] is not None and key in options and given[key] != options[key]:
+            raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}")
+    options.update({key: value for key, value in given.items() if value is not None})
+    example = examples.REGISTRY[problem](**options)
+    schedule_name = args.schedule or defaults.get("schedule")
+    lr_offset = args.lr_offset or defaults.get("lr_offset") or 50.0
+    lr, lr0 = _learning_rate(example, args.lr if args.lr is not None else defaults.get("lr"), schedule_name,
+                             lr_offset)
+    if checkpoint is not None:
+        state, history = checkpoint.state, checkpoint.history
+        if state.x.shape[0] != example.particles or state.x.dtype != example.x0.dtype:
+            raise ValueError(f"--resume {args.resume}: the saved state has {state.x.shape[0]} particles of "
+                             f"{state.x.dtype}, the problem {example.particles} of {example.x0.dtype}")
+    else:
+        state, history = init(example.sde, example.theta, example.x0, example.particles), None
+    done = history.steps if history is not None else 0
+    remaining = max(example.steps - done, 0)
+    metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
+                "seed": options.get("seed", 0), "dtype": str(example.x0.dtype).removeprefix("torch."),
+                "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
+    progress = False if args.no_progress or args.json else None
+    start = time.perf_counter()
+    try:
+        state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
+                             record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
+                             checkpoint_every=args.checkpoint_every, metadata=metadata)
+    except DivergenceError as error:
+        if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
+            save(args.checkpoint, error.state, error.history, metadata=metadata)
+            error.args = (f"{error.args[0]}; it is saved in {args.checkpoint}",)
+        raise
+    wall = time.perf_counter() - start
+    start = time.perf_counter()
+    learned = example.evaluate(state.theta)
+    evaluation = time.perf_counter() - start
+    metrics = {name: {"learned": float(learned[name]), "reference": float(reference),
+                      "relative_error": _relative_error(float(learned[name]), float(reference))}
+               for name, reference in example.reference.items() if name in learned}
+    plot, plot_note = None, None
+    if not args.no_plot:
+        if plotting.available():
+            optimal_slope = _first(example.reference, "slope", "optimal_slope")
+            control = getattr(example.sde, "control", None)
+            plot = plotting.plot_run(
+                args.plot or f"fwdtrain-{problem}.png", history, control=control, theta=state.theta,
+                optimal_control=(lambda xs: optimal_slope * xs) if optimal_slope is not None else None,
+                optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
+                title=f"{problem}: {history.steps} steps, dt {example.dt}, {example.particles} particles")
+        else:
+            plot_note = plotting.INSTALL_HINT
+    taken = history.steps - done
+    return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
+            "dt": example.dt, "particles": example.particles, "dtype": metadata["dtype"], "lr": lr0,
+            "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
+            or "problem default", "seed": metadata["seed"], "wall_s": wall,
+            "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
+            "plot": plot, "plot_note": plot_note, "checkpoint": args.checkpoint, "interrupted": bool(history.interrupted)}
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"fwdtrain {result['problem']}: {result['particles']} particles, dt {result['dt']}, "
+             f"{result['dtype']}, lr {result['lr']:g} ({result['schedule']}), seed {result['seed']}",
+             f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"]
+    for name, m in result["metrics"].items():
+        lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g}{m['relative_error']:>11.2%}")
+    lines.append(f"steps {result['steps']} (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
+                 f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s")
+    if result["interrupted"]:
+        lines.append(f"interrupted at step {result['steps']}" + (f"; checkpoint saved to {result['checkpoint']}"
+                                                               if result["checkpoint"] else ""))
+    elif result["checkpoint"]:
+        lines.append(f"checkpoint: {result['checkpoint']}")
+    if result["plot"]:
+        lines.append(f"plot: {result['plot']}")
+    if result["plot_note"]:
+        lines.append(result["plot_note"])
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m fwdtrain`` and the ``fwdtrain`` script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    explicit = bool(argv) and argv[0] in examples.REGISTRY
+    try:
+        args = build_parser().parse_args(_with_default_problem(argv))
+    except SystemExit as stop:  # --help, or a bad option (one line already printed)
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        result = _train(args, explicit)
+    except DivergenceError as error:
+        print(f"fwdtrain: error: {error}", file=sys.stderr)
+        return 3
+    except (ValueError, TypeError, CheckpointError) as error:
+        print(f"fwdtrain: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else _table(result))
+    return 130 if result["interrupted"] else 0
+
+
+__all__ = ["main", "build_parser"]

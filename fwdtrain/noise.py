@@ -1,0 +1,212 @@
+"""Brownian increments as explicit objects: a seeded source, a user tensor, or a user function.
+
+Every source hands out the increments dW_n, n = 0, 1, 2, ..., of shape (N, m) in
+chunks: ``draw(count) -> (count, N, m)``. The stream is a property of the source,
+never of how it is chunked.
+
+``BrownianNoise`` defines its stream by a fixed block of ``block`` steps: the
+generator is only ever called as ``torch.randn((block, N, m))``, and dW = z sqrt(dt)
+elementwise. A chunk of any size is cut from consecutive blocks, so chunk sizes
+1, 7, 64 or 10^4 give the same bits. Its position (the generator state before the
+block holding step n, and n's offset in that block) is saved by ``state_dict(n)``
+and restored by ``BrownianNoise.from_state_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Union
+
+import torch
+
+from . import _checks
+
+BLOCK = 64  # steps per generator call; part of the definition of the default stream
+
+
+class BrownianNoise:
+    """Seeded Gaussian increments N(0, dt I_m) for N particles, drawn in blocks of ``block`` steps.
+
+    The object is stateful like a ``torch.Generator`` (``draw`` advances it);
+    ``fwdtrain.run`` works on a ``copy()`` and never advances the one you pass.
+    """
+
+    kind = "brownian"
+
+    def __init__(self, shape: tuple[int, int], dt: float, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", block: int = BLOCK) -> None:
+        if len(shape) != 2:
+            raise ValueError(f"shape must be (particles, m), got {tuple(shape)}")
+        _checks.check_count(shape[0], "shape[0] (particles)")
+        _checks.check_count(shape[1], "shape[1] (m)")
+        _checks.check_dt(dt)
+        _checks.check_count(block, "block")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.dt = float(dt)
+        self.seed = seed
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.block = block
+        self.position = 0  # increments handed out so far
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._scale = math.sqrt(self.dt)
+        self._buffer: torch.Tensor | None = None  # block number _drawn - 1, scaled by sqrt(dt)
+        self._drawn = 0  # blocks drawn from the generator so far
+        self._states: dict[int, torch.Tensor] = {}  # block index -> generator state before it (recent blocks)
+
+    def _next_block(self) -> torch.Tensor:
+        index = self._drawn
+        self._states[index] = self._generator.get_state()
+        z = torch.randn((self.block, *self.shape), generator=self._generator, dtype=self.dtype, device=self.device)
+        self._drawn = index + 1
+        return z * self._scale
+
+    def draw(self, count: int) -> torch.Tensor:
+        """The next ``count`` increments, shape (count, N, m)."""
+        count = _checks.check_count(count, "count")
+        first = self.position // self.block
+        self._states = {k: v for k, v in self._states.items() if k >= first}  # keep what this draw touches
+        pieces = []
+        while count > 0:
+            index, offset = divmod(self.position, self.block)
+            if self._buffer is None or index >= self._drawn:
+                self._buffer = self._next_block()
+            take = min(count, self.block - offset)
+            pieces.append(self._buffer[offset:offset + take])
+            self.position += take
+            count -= take
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """The stream's position at step ``position`` (default: the current one), as tensors only.
+
+        ``{"brownian": {generator, position, offset, seed, block, shape, dt}}``: the generator
+        state before the block holding step ``position`` and the offset in that block.
+        ``position`` may be any step from the start of the latest ``draw`` up to
+        ``self.position`` (a driver asks for the step its loop has reached).
+        """
+        position = self.position if position is None else position
+        index, offset = divmod(position, self.block)
+        if index in self._states:
+            state = self._states[index]
+        elif index == self._drawn and offset == 0:
+            state = self._generator.get_state()
+        else:
+            raise ValueError(f"the noise position {position} is outside the latest draw "
+                             f"(steps up to {self.position} are known)")
+        def integer(value):
+            return torch.tensor(value, dtype=torch.int64)
+        return {self.kind: {"generator": state.clone(), "position": integer(position), "offset": integer(offset),
+                            "seed": integer(self.seed), "block": integer(self.block),
+                            "shape": integer(list(self.shape)), "dt": torch.tensor(self.dt, dtype=torch.float64)}}
+
+    @classmethod
+    def from_state_dict(cls, data: dict[str, Any], dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "BrownianNoise":
+        """Rebuild a source at the saved position; the stream continues bitwise as it would have.
+
+        ``dtype`` and ``device`` are those of the run (the saved state does not repeat them).
+        """
+        if not isinstance(data, dict) or cls.kind not in data:
+            raise ValueError(f"not a BrownianNoise state (expected a dict with key {cls.kind!r}): {data!r:.200}")
+        saved = data[cls.kind]
+        source = cls(tuple(int(n) for n in saved["shape"]), float(saved["dt"]), seed=int(saved["seed"]),
+                     dtype=dtype, device=device, block=int(saved["block"]))
+        source._generator.set_state(saved["generator"])
+        index = int(saved["position"]) // source.block
+        source._drawn = index
+        source.position = index * source.block
+        if int(saved["offset"]):
+            source.draw(int(saved["offset"]))
+        return source
+
+    def copy(self) -> "BrownianNoise":
+        """An independent source at the same position."""
+        return BrownianNoise.from_state_dict(self.state_dict(), self.dtype, self.device)
+
+    def __repr__(self) -> str:
+        return (f"BrownianNoise(shape={self.shape}, dt={self.dt}, seed={self.seed}, dtype={self.dtype}, "
+                f"block={self.block}, position={self.position})")
+
+
+class TensorNoise:
+    """User increments: row n of ``increments`` (steps, N, m) is dW_n, n counted from the start of training."""
+
+    kind = "tensor"
+
+    def __init__(self, increments: torch.Tensor, position: int = 0) -> None:
+        if not isinstance(increments, torch.Tensor) or increments.ndim != 3:
+            raise ValueError(f"noise must be a (steps, particles, m) tensor of increments, got "
+                             f"{getattr(increments, 'shape', type(increments).__name__)}")
+        self.increments = increments
+        self.shape = tuple(increments.shape[1:])
+        self.position = position
+
+    def draw(self, count: int) -> torch.Tensor:
+        end = self.position + count
+        if end > self.increments.shape[0]:
+            raise ValueError(f"the noise tensor has {self.increments.shape[0]} steps but step {end - 1} was "
+                             f"requested; supply one row per step of the whole training run")
+        out = self.increments[self.position:end]
+        self.position = end
+        return out
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        position = self.position if position is None else position
+        return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
+
+    def copy(self) -> "TensorNoise":
+        return TensorNoise(self.increments, self.position)
+
+
+class FunctionNoise:
+    """User increments from ``fn(start, count) -> (count, N, m)``: dW_start, ..., dW_{start+count-1}.
+
+    ``fn`` must be a pure function of the step index (so results do not depend
+    on the chunk size and a resumed run sees the same increments).
+    """
+
+    kind = "function"
+
+    def __init__(self, fn: Callable[[int, int], torch.Tensor], position: int = 0) -> None:
+        if not callable(fn):
+            raise TypeError(f"noise function must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.position = position
+        self.shape = None
+
+    def draw(self, count: int) -> torch.Tensor:
+        out = self.fn(self.position, count)
+        if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[0] != count:
+            raise ValueError(f"noise function returned {getattr(out, 'shape', type(out).__name__)} for "
+                             f"(start={self.position}, count={count}); it must return ({count}, particles, m)")
+        self.position += count
+        return out
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        position = self.position if position is None else position
+        return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
+
+    def copy(self) -> "FunctionNoise":
+        return FunctionNoise(self.fn, self.position)
+
+
+Noise = Union[BrownianNoise, TensorNoise, FunctionNoise]
+NoiseLike = Union[Noise, torch.Tensor, Callable[[int, int], torch.Tensor], None]
+
+
+def as_noise(noise: NoiseLike) -> Noise | None:
+    """A noise object from what a user passes: a source, a (steps, N, m) tensor or a function."""
+    if noise is None or isinstance(noise, (BrownianNoise, TensorNoise, FunctionNoise)):
+        return noise
+    if isinstance(noise, torch.Tensor):
+        return TensorNoise(noise)
+    if callable(noise):
+        return FunctionNoise(noise)
+    raise TypeError(f"noise must be a BrownianNoise, a (steps, particles, m) tensor or a function "
+                    f"(start, count) -> increments, got {type(noise).__name__}")
+
+
+__all__ = ["BLOCK", "BrownianNoise", "TensorNoise", "FunctionNoise", "Noise", "as_noise"]

@@ -1,0 +1,154 @@
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fwdtrain as ft
+from fwdtrain import cli, examples, plotting
+from fwdtrain.examples import Example, linear_slope
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny(*, particles=3, dt=0.01, steps=40, lr=0.5, seed=0, dtype=torch.float64):
+    """lqr-1d with a 4-unit network and a cheap evaluate, for fast in-process CLI tests."""
+    ex = examples.lqr_1d(particles=particles, dt=dt, steps=steps, lr=lr, seed=seed, dtype=dtype, hidden=4)
+    return ex._replace(name="tiny", lr=ft.schedules.constant(lr),
+                       evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5})
+
+
+def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
+    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
+    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
+                 cost=lambda th, x: (x * x).sum())
+    return Example("boom", sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype),
+                   particles, dt, steps, ft.schedules.constant(lr), {"cost": 1.0}, lambda theta: {"cost": 1.0})
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.setitem(examples.REGISTRY, "tiny", tiny)
+    monkeypatch.setitem(examples.REGISTRY, "boom", boom)
+
+
+def test_module_entry_point_end_to_end(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "fwdtrain", "--steps", "100", "--particles", "8"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    number = r"(-?[0-9.]+(?:e[-+]?\d+)?)"
+    for metric, reference in (("slope", -(2 ** 0.5 - 1)), ("cost", 2 ** 0.5 - 1)):
+        row = re.search(rf"^{metric}\s+{number}\s+{number}\s+{number}%", done.stdout, re.M)
+        assert row, done.stdout
+        assert abs(float(row.group(2)) - reference) < 1e-4 and float(row.group(1)) != float(row.group(2))
+    assert re.search(r"steps 100 .* steps/s", done.stdout)
+    assert done.stderr == ""  # no progress bar: stderr is not a terminal
+    png = tmp_path / "fwdtrain-lqr-1d.png"
+    if plotting.available():
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not png.exists() and "fwdtrain[plot]" in done.stdout
+
+
+def test_json_checkpoint_and_resume_equal_one_run(registry, tmp_path, capsys):
+    first, resumed, whole = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "c.pt"
+    assert cli.main(["tiny", "--steps", "30", "--checkpoint", str(first), "--json", "--no-plot"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 30 and set(out["metrics"]) == {"slope", "cost"}
+    assert out["metrics"]["cost"]["relative_error"] == pytest.approx(abs(0.5 - (2 ** 0.5 - 1)) / (2 ** 0.5 - 1))
+    assert cli.main(["tiny", "--resume", str(first), "--steps", "70", "--checkpoint", str(resumed), "--json",
+                     "--no-plot"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps_this_run"] == 40
+    assert cli.main(["tiny", "--steps", "70", "--checkpoint", str(whole), "--no-plot"]) == 0
+    assert "slope" in capsys.readouterr().out
+    a, b = ft.load(resumed).state, ft.load(whole).state
+    assert all(torch.equal(x, y) for x, y in zip(ft._tree.leaves(a), ft._tree.leaves(b)))
+
+
+@pytest.mark.parametrize("argv", [
+    ["tiny", "--dtype", "float16"],
+    ["tiny", "--steps", "ten"],
+    ["tiny", "--steps", "-3"],
+    ["tiny", "--dt", "-0.1"],
+    ["tiny", "--resume", "/nonexistent/run.pt"],
+    ["no-such-problem"],
+])
+def test_bad_options_exit_nonzero_with_one_line(registry, argv, capsys):
+    assert cli.main(argv + ["--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwdtrain: error:") and err.count("\n") == 1, err
+
+
+def test_divergence_exits_3_and_keeps_the_last_finite_state(registry, tmp_path, capsys):
+    path = tmp_path / "ck.pt"
+    assert cli.main(["boom", "--no-plot", "--record-every", "2", "--checkpoint", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "diverged" in err and "last finite" in err and str(path) in err and err.count("\n") == 1
+    saved = ft.load(path)
+    assert 0 < saved.history.steps < 200 and bool(torch.isfinite(saved.state.x).all())
+
+
+def test_interrupt_prints_results_and_saves(registry, tmp_path, capsys, monkeypatch):
+    real_run = cli.run
+
+    def interrupted_run(*args, **kwargs):
+        def stop(n, state):
+            if n == 20:
+                raise KeyboardInterrupt
+        return real_run(*args, callback=stop, callback_every=10, **kwargs)
+
+    monkeypatch.setattr(cli, "run", interrupted_run)
+    path = tmp_path / "ck.pt"
+    assert cli.main(["tiny", "--checkpoint", str(path), "--no-plot"]) == 130
+    out = capsys.readouterr().out
+    assert "interrupted at step 20" in out and "slope" in out
+    assert ft.load(path).history.steps == 20
+
+
+def test_without_matplotlib_it_says_how_to_get_plots(registry, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(plotting, "available", lambda: False)
+    assert cli.main(["tiny", "--steps", "10", "--plot", str(tmp_path / "p.png")]) == 0
+    assert "pip install 'fwdtrain[plot]'" in capsys.readouterr().out
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_learning_rate_options():
+    ex = tiny(lr=0.5)
+    t = torch.tensor(20.0, dtype=torch.float64)
+    own, lr0 = cli._learning_rate(ex, None, None, 50.0)
+    assert own is ex.lr and lr0 == 0.5
+    scaled, lr0 = cli._learning_rate(ex._replace(lr=ft.schedules.inverse_time(10.0, 20.0)), 0.25, None, 50.0)
+    assert lr0 == 0.25 and float(scaled(t)) == pytest.approx(0.125)  # the problem's shape, starting at 0.25
+    inverse, lr0 = cli._learning_rate(ex, None, "inverse-time", 20.0)
+    assert lr0 == 0.5 and float(inverse(t)) == pytest.approx(0.25)
+    staged, _ = cli._learning_rate(ex, 0.4, "staged", 50.0)
+    assert float(staged(torch.tensor(60.0))) == pytest.approx(0.2)
+
+
+def test_default_problem_and_help(capsys):
+    assert cli._with_default_problem([]) == [examples.DEFAULT]
+    assert cli._with_default_problem(["--steps", "5"]) == [examples.DEFAULT, "--steps", "5"]
+    assert cli.main(["--help"]) == 0
+    assert "lqr-1d" in capsys.readouterr().out
+    assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_readme_quick_start_and_example_run(tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    commands = re.search(r"## Quick start\n\n```\n(.*?)```", text, re.S).group(1).splitlines()
+    setup = "pip install torch==2.13.0 -e '.[test,plot]' && "
+    assert commands[:2] == [setup + "python -m fwdtrain", setup + "python -m pytest -q"]
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    code = blocks[0].replace("range(1000)", "range(60)")  # the same code, fewer steps
+    driver = blocks[1].replace("20_000", "30")
+    assert code != blocks[0] and driver != blocks[1]
+    monkeypatch.chdir(tmp_path)  # the driver example writes run.pt
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(driver, "README.md", "exec"), namespace)
+    assert namespace["history"].steps == 60 and (tmp_path / "run.pt").exists()
