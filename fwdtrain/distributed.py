@@ -184,6 +184,37 @@ def broadcast(tree: Any, src: int = 0) -> Any:
     return copies
 
 
+def group_mean(tree: Any, weight: float | None = None, *, what: str = "a group mean") -> Any:
+    """sum_r w_r tree_r / sum_r w_r over the group, leaf by leaf, with one all_reduce of all leaves.
+
+    ``weight`` is this rank's w_r (e.g. its particle count; 1 when None). Without a
+    process group, ``tree`` itself. Every rank must call it with the same structure.
+    """
+    if not is_initialized():
+        return tree
+    parts = leaves(tree)
+    w = 1.0 if weight is None else float(weight)
+    flat = torch.cat([part.reshape(-1) * w for part in parts]
+                     + [torch.full((1,), w, dtype=parts[0].dtype, device=parts[0].device)])
+    _all_reduce(flat, what)
+    values = (flat[:-1] / flat[-1]).split([part.numel() for part in parts])
+    means = iter(value.reshape(part.shape) for value, part in zip(values, parts))
+    return tree_map(lambda _: next(means), tree)
+
+
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """[obj of rank 0, ..., obj of rank R-1] on rank 0, None elsewhere (any picklable object, e.g.
+    each rank's particles and generator state for a checkpoint that rank 0 writes). [obj] without a group."""
+    if not is_initialized():
+        return [obj]
+    gathered = [None] * dist.get_world_size() if is_main() else None
+    try:
+        dist.gather_object(obj, gathered, dst=0)
+    except RuntimeError as error:
+        raise GroupError(f"rank {rank()}: gathering objects on rank 0 failed ({error})", reason="lost") from error
+    return gathered
+
+
 # ---------------------------------------------------------------------------------------------
 # Noise and the gradient hook
 
@@ -263,17 +294,8 @@ class GradientMean:
         return self._group_mean(window)
 
     def _group_mean(self, tree: Any) -> Any:
-        if not is_initialized():
-            return tree
-        parts = leaves(tree)
-        weight = 1.0 if self.weight is None else float(self.weight)
-        flat = torch.cat([part.reshape(-1) * weight for part in parts]
-                         + [torch.full((1,), weight, dtype=parts[0].dtype, device=parts[0].device)])
-        self.collectives += 1
-        _all_reduce(flat, "the gradient")
-        values = (flat[:-1] / flat[-1]).split([part.numel() for part in parts])
-        means = iter(value.reshape(part.shape) for value, part in zip(values, parts))
-        return tree_map(lambda _: next(means), tree)
+        self.collectives += int(is_initialized())
+        return group_mean(tree, self.weight, what="the gradient")
 
 
 def gradient_mean(every: int = 1, *, weight: float | None = None) -> GradientMean:
@@ -413,6 +435,9 @@ def distributed_run(
     steps = _checks.check_count(steps, "steps", minimum=0)
     record_every = _checks.check_count(record_every, "record_every")
     check_every = _checks.check_count(check_every, "check_every")
+    if world_size() > 1 and not is_initialized():
+        raise ValueError(f"WORLD_SIZE is {world_size()} but this process has not joined the group: call "
+                         f"fwdtrain.distributed.init_process_group() first (each rank would train alone)")
     m = noise_dim(sde, state.theta, state.x)
     dtype, device = state.x.dtype, state.x.device
     check_step_inputs(sde, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
@@ -475,11 +500,8 @@ def _history(records: dict[str, list], state: State, dtype: torch.dtype) -> Hist
     """The group's History: record costs weighted by particles over every rank (one all_reduce)."""
     device = state.x.device
     cost = torch.stack(records["cost"]) if records["cost"] else torch.zeros(0, dtype=dtype, device=device)
-    if is_initialized() and records["cost"]:
-        weighted = torch.cat([cost * state.particles, torch.tensor([float(state.particles)], dtype=dtype,
-                                                                   device=device)])
-        _all_reduce(weighted, "the cost history", len(records["step"]))
-        cost = weighted[:-1] / weighted[-1]
+    if records["cost"]:
+        cost = group_mean(cost, state.particles, what="the cost history")
     return History(
         step=torch.tensor(records["step"], dtype=torch.long),
         t=torch.stack(records["t"]) if records["t"] else torch.zeros(0, dtype=dtype, device=device),
@@ -518,7 +540,7 @@ def _child(fn: Callable[..., Any], r: int, size: int, port: int, args: tuple, qu
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(size),
                       LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(size))
     try:
-        init_process_group(backend, timeout=timeout)
+        init_process_group(backend, device=local_device() if torch.cuda.is_available() else None, timeout=timeout)
         # plain pickle: tensors by value (torch's ForkingPickler would share memory owned by this process)
         queue.put((r, True, pickle.dumps(fn(*args))))
     except BaseException:  # report everything, including SystemExit, to the parent
@@ -586,6 +608,7 @@ def launch(fn: Callable[..., Any], world_size_: int, args: tuple = (), *, timeou
 __all__ = [
     "GroupError", "GroupStatus", "GradientMean", "LaunchError", "NOISE_BLOCK", "DEFAULT_TIMEOUT",
     "rank", "world_size", "is_main", "is_initialized", "print_main", "backend_for", "local_device",
-    "init_process_group", "destroy_process_group", "broadcast", "rank_seed", "rank_generator",
+    "init_process_group", "destroy_process_group", "broadcast", "group_mean", "gather_to_main",
+    "rank_seed", "rank_generator",
     "brownian_block", "gradient_mean", "check_group", "distributed_run", "launch",
 ]

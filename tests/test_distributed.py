@@ -129,6 +129,10 @@ def _failures_worker():
         ex, sde = _faulty_problem(action)
         state = ft.init(sde, ex.theta, ex.x0, particles=2)
         outcomes[action] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5))
+    # the small collectives
+    outcomes["broadcast"] = D.broadcast({"a": torch.full((2,), float(D.rank()))})["a"].tolist()
+    outcomes["mean"] = D.group_mean(torch.tensor([float(D.rank())]), weight=D.rank() + 1).item()
+    outcomes["gather"] = D.gather_to_main({"rank": D.rank()})
     # afterwards the group still works
     ex, sde = _faulty_problem(None)
     final, _ = D.distributed_run(sde, ft.init(sde, ex.theta, ex.x0, particles=2), 5, DT, LR, seed=SEED)
@@ -181,6 +185,14 @@ def test_partial_environment_is_a_clear_error(monkeypatch):
         D.init_process_group()
     with pytest.raises(ValueError, match="timeout"):
         D.init_process_group(timeout=0)
+
+
+def test_a_torchrun_environment_without_a_group_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ex = _lqr()
+    with pytest.raises(ValueError, match="init_process_group"):
+        D.distributed_run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0), 5, DT, LR)
 
 
 def test_bad_arguments():
@@ -275,6 +287,9 @@ def test_failures_stop_every_rank_with_a_clear_error():
         assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 10
         assert "rank 1 has NaN/inf in x or x_tilde" in nan["message"]
         assert out["after"] == pytest.approx(5 * DT)
+        assert out["broadcast"] == [0.0, 0.0]
+        assert out["mean"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
+        assert out["gather"] == ([{"rank": 0}, {"rank": 1}, {"rank": 2}] if r == 0 else None)
 
 
 @pytest.mark.parametrize("action", ["exit", "sleep"])
