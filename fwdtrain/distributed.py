@@ -89,6 +89,9 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+_this_rank = rank
+
+
 def is_main() -> bool:
     """True on rank 0 (and in a single process): the one that prints, writes and plots."""
     return rank() == 0
@@ -219,24 +222,24 @@ def gather_to_main(obj: Any) -> list[Any] | None:
 # Noise and the gradient hook
 
 
-def rank_seed(seed: int, rank_: int | None = None) -> int:
-    """A 63-bit seed for rank ``rank_``'s noise, derived from (seed, rank) by numpy's SeedSequence.
+def rank_seed(seed: int, rank: int | None = None) -> int:
+    """A 63-bit seed for ``rank``'s noise (this process's rank by default), derived from (seed, rank) by numpy's SeedSequence.
 
     Deterministic, different for every rank, and independent of the world size,
     so rank r's stream is the same in a group of 2 or of 8.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    r = rank() if rank_ is None else rank_
+    r = _this_rank() if rank is None else rank
     if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
         raise ValueError(f"rank must be a non-negative integer, got {r!r}")
     high, low = np.random.SeedSequence(int(seed), spawn_key=(int(r),)).generate_state(2, np.uint32)
     return ((int(high) << 32) | int(low)) & (2**63 - 1)
 
 
-def rank_generator(seed: int, device: torch.device | str = "cpu", rank_: int | None = None) -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` seeded with ``rank_seed(seed, rank_)``."""
-    return torch.Generator(device=device).manual_seed(rank_seed(seed, rank_))
+def rank_generator(seed: int, device: torch.device | str = "cpu", rank: int | None = None) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``rank_seed(seed, rank)``."""
+    return torch.Generator(device=device).manual_seed(rank_seed(seed, rank))
 
 
 NOISE_BLOCK = 64  # steps per generator call; part of the definition of a rank's noise stream
@@ -421,8 +424,8 @@ def distributed_run(
 
     Every rank calls it with its own ``state`` (its particles, the same theta);
     rank r draws its noise from ``rank_generator(seed, device, r)`` in blocks of
-    ``NOISE_BLOCK`` steps (a stream that does not depend on ``steps``), and the gradient is reduced by ``gradient_mean(every,
-    weight=particles)``. Every ``check_every`` steps (and at steps 0 and
+    ``NOISE_BLOCK`` steps (a stream that does not depend on ``steps``), and the
+    gradient is reduced by ``gradient_mean(every, weight=particles)``. Every ``check_every`` steps (and at steps 0 and
     ``steps``) one ``check_group`` collective confirms that every rank is finite,
     in step and holds the same theta; if not, or if a rank raised, every rank
     raises ``GroupError`` there (the rank that raised re-raises its own error),
@@ -438,13 +441,16 @@ def distributed_run(
     if world_size() > 1 and not is_initialized():
         raise ValueError(f"WORLD_SIZE is {world_size()} but this process has not joined the group: call "
                          f"fwdtrain.distributed.init_process_group() first (each rank would train alone)")
-    m = noise_dim(sde, state.theta, state.x)
-    dtype, device = state.x.dtype, state.x.device
-    check_step_inputs(sde, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
-    resolved = _resolve_mode(mode, state, m)
-    reduce = gradient_mean(every, weight=state.particles)
-    generator = rank_generator(seed, device)
-
+    try:
+        m = noise_dim(sde, state.theta, state.x)
+        dtype, device = state.x.dtype, state.x.device
+        check_step_inputs(sde, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
+        resolved = _resolve_mode(mode, state, m)
+        reduce = gradient_mean(every, weight=state.particles)
+        generator = rank_generator(seed, device)
+    except Exception:
+        _report_failure(state, 0)  # bad input on this rank only: the others stop at the first check too
+        raise
     check_group(state, 0)
     last_good, started = state, time.perf_counter()
     records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
@@ -490,10 +496,20 @@ def _fail_at_next_check(error: Exception, state: State, n: int, steps: int, chec
     try:
         while reduce.calls < next_check:
             reduce(zeros)
-        check_group(state, next_check, failed=True, last_good=last_good)
+    except GroupError:
+        raise error
+    _report_failure(state, next_check, last_good)
+    raise error
+
+
+def _report_failure(state: Any, step: int, last_good: State | None = None) -> None:
+    """Take part in the check at ``step`` as a failed rank (the caller then raises its own error)."""
+    if not isinstance(state, State):
+        return  # nothing to report with; the others stop when this process exits or at the timeout
+    try:
+        check_group(state, step, failed=True, last_good=last_good)
     except GroupError:
         pass
-    raise error
 
 
 def _history(records: dict[str, list], state: State, dtype: torch.dtype) -> History:
@@ -549,9 +565,9 @@ def _child(fn: Callable[..., Any], r: int, size: int, port: int, args: tuple, qu
         destroy_process_group()
 
 
-def launch(fn: Callable[..., Any], world_size_: int, args: tuple = (), *, timeout: float = 120.0,
+def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout: float = 120.0,
            group_timeout: float = 30.0, backend: str | None = None) -> list[Any]:
-    """Run ``fn(*args)`` in ``world_size_`` local processes joined into one process group.
+    """Run ``fn(*args)`` in ``world_size`` local processes joined into one process group.
 
     The processes rendezvous on 127.0.0.1 at a free port through the same
     environment variables torchrun sets, with ``group_timeout`` on the group.
@@ -563,7 +579,7 @@ def launch(fn: Callable[..., Any], world_size_: int, args: tuple = (), *, timeou
     """
     import multiprocessing
 
-    size = _checks.check_count(world_size_, "world_size")
+    size = _checks.check_count(world_size, "world_size")
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
     if method == "forkserver":

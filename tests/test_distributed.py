@@ -125,6 +125,8 @@ def _failures_worker():
         theta["weight1"] = theta["weight1"] + 1e-9
     state = ft.init(sde, theta, ex.x0, particles=2)
     outcomes["theta"] = _outcome(lambda: D.distributed_run(sde, state, 20, DT, LR, seed=SEED, check_every=5))
+    dt = -1.0 if D.rank() == 1 else DT  # bad input on one rank only
+    outcomes["input"] = _outcome(lambda: D.distributed_run(sde, state._replace(theta=ex.theta), 20, dt, LR))
     for action in ("raise", "nan"):
         ex, sde = _faulty_problem(action)
         state = ft.init(sde, ex.theta, ex.x0, particles=2)
@@ -274,6 +276,12 @@ def test_failures_stop_every_rank_with_a_clear_error():
         theta = out["theta"]
         assert theta["type"] == "GroupError" and theta["reason"] == "theta-mismatch"
         assert theta["ranks"] == (1,) and theta["step"] == 0
+
+        bad_input = out["input"]
+        if r == 1:
+            assert bad_input["type"] == "ValueError" and "dt" in bad_input["message"]
+        else:
+            assert bad_input["type"] == "GroupError" and bad_input["ranks"] == (1,) and bad_input["step"] == 0
 
         raised = out["raise"]
         if r == 1:  # the failing rank re-raises its own error after telling the others
