@@ -18,6 +18,19 @@ Pieces (each usable on its own, e.g. inside ``fwdtrain.run``):
                           diverged or holds a different theta;
   ``distributed_run``     the loop over ``advance`` with all of the above;
   ``launch``              run a function in R local processes (tests, benchmarks).
+
+Under ``torchrun --nproc-per-node 2 train.py``, with train.py::
+
+    from fwdtrain import distributed as D
+    D.init_process_group(timeout=60)                  # gloo on CPU, nccl for CUDA inputs
+    state = ft.init(sde, D.broadcast(theta), x0, particles=N)
+    state, history = D.distributed_run(sde, state, steps, dt, lr, seed=0, verbose=True)
+    if D.is_main():
+        ...                                           # print, save, plot once
+    D.destroy_process_group()
+
+or in one's own loop: ``advance(..., reduce=D.gradient_mean(weight=N))`` with noise from
+``torch.Generator().manual_seed(D.rank_seed(seed))`` and ``D.check_group(state)`` every k steps.
 """
 
 from __future__ import annotations
@@ -433,7 +446,9 @@ def distributed_run(
     on rank 0 only. Works without a process group (a single process).
 
     Returns this rank's final ``State`` and the group's ``History`` (the same on
-    every rank; costs are means over all ranks' particles).
+    every rank; costs are means over all ranks' particles; with ``every`` > 1,
+    grad_norm is the norm of the applied direction: 0 inside a window, the
+    window's sum at its last step).
     """
     steps = _checks.check_count(steps, "steps", minimum=0)
     record_every = _checks.check_count(record_every, "record_every")

@@ -20,6 +20,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import distributed as D
+from fwdtrain.step import advance
 
 DT, LR, SEED, STEPS = 0.01, 0.5, 7, 40
 LAUNCH_TIMEOUT = 60.0
@@ -72,7 +73,21 @@ def _train_worker(particles: list[int], every: int, repeats: int):
             final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10,
                                                every=every, check_every=10, verbose=True)
         runs.append((final, history, out.getvalue()))
-    return runs
+    return runs, _composed_loop(ex, state, every)
+
+
+def _composed_loop(ex, state, every):
+    """The pieces as a driver would use them: its own loop over advance with reduce=gradient_mean(...),
+    noise from a generator seeded with rank_seed(seed), and check_group as a callback."""
+    reduce = D.gradient_mean(every, weight=state.particles)
+    generator = torch.Generator().manual_seed(D.rank_seed(SEED))
+    noise = torch.cat([D.brownian_block(generator, D.NOISE_BLOCK, state.particles, 1, DT, torch.float64,
+                                        torch.device("cpu")) for _ in range(-(-STEPS // D.NOISE_BLOCK))])
+    for n, dw in enumerate(noise[:STEPS], start=1):
+        state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
+        if n % 10 == 0:
+            D.check_group(state, n)
+    return state
 
 
 class _Fault:
@@ -237,8 +252,9 @@ def test_single_process_divergence_is_a_group_error():
 def _assert_matches_reference(runs_per_rank, particles, every):
     reference, costs = _reference(particles, STEPS, every)
     offsets = [sum(particles[:r]) for r in range(len(particles))]
-    for r, runs in enumerate(runs_per_rank):
+    for r, (runs, composed) in enumerate(runs_per_rank):
         final, history, _ = runs[0]
+        assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(composed)))
         rows = slice(offsets[r], offsets[r] + particles[r])
         torch.testing.assert_close(final.x, reference.x[rows], rtol=1e-10, atol=1e-12)
         for got, want in zip(ft._tree.leaves(final.x_tilde), ft._tree.leaves(reference.x_tilde)):
@@ -246,8 +262,8 @@ def _assert_matches_reference(runs_per_rank, particles, every):
         for got, want in zip(ft._tree.leaves(final.theta), ft._tree.leaves(reference.theta)):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(history.cost, costs.reshape(-1, 10).mean(1), rtol=1e-10, atol=1e-12)
-    theta0 = ft._tree.leaves(runs_per_rank[0][0][0].theta)
-    for runs in runs_per_rank[1:]:  # bitwise equal theta on every rank
+    theta0 = ft._tree.leaves(runs_per_rank[0][0][0][0].theta)
+    for runs, _ in runs_per_rank[1:]:  # bitwise equal theta on every rank
         assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(runs[0][0].theta)))
 
 
@@ -255,12 +271,12 @@ def test_two_ranks_equal_one_process_reproducibly_and_only_rank_0_prints():
     particles = [3, 3]
     ranks = D.launch(_train_worker, 2, (particles, 1, 2), timeout=LAUNCH_TIMEOUT)
     _assert_matches_reference(ranks, particles, every=1)
-    for runs in ranks:  # same seed, same bits
+    for runs, _ in ranks:  # same seed, same bits
         (a, ha, _), (b, hb, _) = runs
         assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((a, ha)), ft._tree.leaves((b, hb))))
-    lines = ranks[0][0][2].splitlines()
+    lines = ranks[0][0][0][2].splitlines()
     assert len(lines) == 4 and all(line.startswith("step") and "ranks 2" in line for line in lines)
-    assert all(run[2] == "" for run in ranks[1])
+    assert all(run[2] == "" for run in ranks[1][0])
 
 
 @pytest.mark.parametrize("particles, every", [([2, 2, 2], 1), ([3, 1, 2], 1), ([2, 2, 2], 4)],
@@ -320,6 +336,7 @@ SCRIPT = """
 import torch
 import fwdtrain as ft
 from fwdtrain import distributed as D
+from fwdtrain.step import advance
 
 assert D.init_process_group(timeout=30)
 ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
