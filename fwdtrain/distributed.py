@@ -236,7 +236,7 @@ def gather_to_main(obj: Any) -> list[Any] | None:
 
 
 def rank_seed(seed: int, rank: int | None = None) -> int:
-    """A 63-bit seed for ``rank``'s noise (this process's rank by default), derived from (seed, rank) by numpy's SeedSequence.
+    """A 63-bit seed for ``rank``'s noise (default: this process's rank), from SeedSequence(seed, spawn_key=(rank,)).
 
     Deterministic, different for every rank, and independent of the world size,
     so rank r's stream is the same in a group of 2 or of 8.
