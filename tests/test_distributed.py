@@ -132,7 +132,8 @@ def _outcome(fn):
 
 
 def _failures_worker():
-    """Three faults in turn in one group: the group stays usable after each (no collective left hanging)."""
+    """Four faults in turn in one group (theta mismatch, bad input, an exception, NaN on rank 1): the group
+    stays usable after each, so no collective was left unmatched."""
     outcomes = {}
     ex, sde = _faulty_problem(None)
     theta = dict(ex.theta)
@@ -167,7 +168,7 @@ def _abandon_worker(action: str):
 # single-process tests
 
 
-def test_rank_seeds_are_reproducible_distinct_and_independent_of_world_size():
+def test_rank_seeds_are_reproducible_and_distinct():
     seeds = [D.rank_seed(SEED, r) for r in range(4)]
     assert seeds == [D.rank_seed(SEED, r) for r in range(4)]
     assert len(set(seeds)) == 4 and D.rank_seed(SEED + 1, 0) != seeds[0]
