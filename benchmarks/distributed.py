@@ -2,7 +2,8 @@
 
 Weak scaling: every process simulates ``--particles`` particles of the 1-D LQR problem (a 1 -> 16 -> 1
 ReLU control, float32), and the gradient is all-reduced every step. Each process uses ``--threads``
-intra-op threads. The time is the slowest rank's, from a barrier after a warm-up to the end.
+intra-op threads. The time is the slowest rank's, from a barrier after a warm-up to the end; with ``--repeat``
+the process counts are interleaved and each keeps its best time (the machine may be shared).
 
     python benchmarks/distributed.py            # a line per process count
     python benchmarks/distributed.py --quick    # a smoke test (seconds)
@@ -57,16 +58,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=1, help="all-reduce the gradient every k steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="interleave the process counts this many times and keep each one's best time")
     parser.add_argument("--quick", action="store_true", help="a smoke test: 16 particles, 20 steps")
     args = parser.parse_args(argv)
     if args.quick:
-        args.particles, args.steps = 16, 20
+        args.particles, args.steps, args.repeat = 16, 20, 1
     print(f"torch {torch.__version__}, lqr-1d float32, {args.particles} particles per process, "
           f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each")
+    best: dict[int, tuple[float, float]] = {}
+    for _ in range(args.repeat):
+        for size in args.processes:
+            per_rank = D.launch(_rank_job, size, (args.particles, args.steps, args.every, args.threads),
+                                timeout=600.0)
+            seconds, reduce_seconds = max(t for t, _ in per_rank), max(r for _, r in per_rank)
+            if size not in best or seconds < best[size][0]:
+                best[size] = (seconds, reduce_seconds)
     base = None
     for size in args.processes:
-        per_rank = D.launch(_rank_job, size, (args.particles, args.steps, args.every, args.threads), timeout=600.0)
-        seconds, reduce_seconds = max(t for t, _ in per_rank), max(r for _, r in per_rank)
+        seconds, reduce_seconds = best[size]
         rate = size * args.particles * args.steps / seconds
         base = base or rate / size
         print(f"processes {size}  particles {size * args.particles:>6d}  time {seconds:7.2f} s  "

@@ -365,3 +365,16 @@ def test_torchrun_two_processes_print_once(tmp_path):
     assert sum(line.startswith("RESULT") for line in lines) == 1
     assert sum(line.startswith("step") for line in lines) == 2
     assert all("ranks 2" in line for line in lines if line.startswith("step"))
+
+
+def test_benchmark_quick(monkeypatch, capsys):
+    """benchmarks/distributed.py --quick: one line per process count."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                             "benchmarks"))
+    import importlib
+
+    bench = importlib.import_module("distributed")
+    bench.main(["--quick"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("processes")]
+    assert [line.split()[1] for line in lines] == ["1", "2"]
+    assert all(float(line.split("particle-steps/s")[1].split()[0].replace(",", "")) > 0 for line in lines)
