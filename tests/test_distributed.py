@@ -1,0 +1,380 @@
+"""fwdtrain.distributed: R ranks x N particles against one process with the ranks' noise concatenated,
+reproducibility, rank-0-only output, and failures that end the whole group (gloo on localhost).
+
+The multi-process tests launch 2 or 3 local processes with ``fwdtrain.distributed.launch`` (forked from
+a server that imports torch once; every launch bounded by a timeout, overrunning processes killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import fwdtrain as ft
+from fwdtrain import distributed as D
+from fwdtrain.step import advance
+
+DT, LR, SEED, STEPS = 0.01, 0.5, 7, 40
+LAUNCH_TIMEOUT = 60.0
+
+
+def _lqr(**kwargs):
+    return ft.examples.lqr_1d(dtype=torch.float64, hidden=4, **kwargs)
+
+
+def _reference(particles: list[int], steps: int, every: int = 1):
+    """One process, sum(particles) particles, noise = the ranks' streams concatenated along the particle axis.
+
+    every > 1: theta held for windows of ``every`` steps, then moved by lr dt times the window's summed
+    gradient (written out here with lr = 0 steps, independently of GradientMean).
+    """
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=sum(particles))
+    generators = [D.rank_generator(SEED, "cpu", r) for r in range(len(particles))]
+    blocks = []
+    while sum(block.shape[0] for block in blocks) < steps:
+        blocks.append(torch.cat([D.brownian_block(g, D.NOISE_BLOCK, n, 1, DT, torch.float64, torch.device("cpu"))
+                                 for g, n in zip(generators, particles)], dim=1))
+    noise = torch.cat(blocks)[:steps]
+    costs, window = [], None
+    for n, dw in enumerate(noise, start=1):
+        if every == 1:
+            new, info = ft.step_with_info(ex.sde, state, dw, DT, LR)
+        else:
+            new, info = ft.step_with_info(ex.sde, state, dw, DT, 0.0)
+            window = info.gradient if window is None else {k: window[k] + info.gradient[k] for k in window}
+            if n % every == 0:
+                new = new._replace(theta={k: new.theta[k] - LR * DT * window[k] for k in window})
+                window = None
+        costs.append(info.cost)
+        state = new
+    return state, torch.stack(costs)
+
+
+# ----------------------------------------------------------------------------------------------
+# workers: run on every rank inside launch(); module-level so that they can be pickled
+
+
+def _train_worker(particles: list[int], every: int, repeats: int):
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles[D.rank()])
+    runs = []
+    for _ in range(repeats):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10,
+                                               every=every, check_every=10, verbose=True)
+        runs.append((final, history, out.getvalue()))
+    return runs, _composed_loop(ex, state, every)
+
+
+def _composed_loop(ex, state, every):
+    """The pieces as a driver would use them: its own loop over advance with reduce=gradient_mean(...),
+    noise from a generator seeded with rank_seed(seed), and check_group as a callback."""
+    reduce = D.gradient_mean(every, weight=state.particles)
+    generator = torch.Generator().manual_seed(D.rank_seed(SEED))
+    noise = torch.cat([D.brownian_block(generator, D.NOISE_BLOCK, state.particles, 1, DT, torch.float64,
+                                        torch.device("cpu")) for _ in range(-(-STEPS // D.NOISE_BLOCK))])
+    for n, dw in enumerate(noise[:STEPS], start=1):
+        state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
+        if n % 10 == 0:
+            D.check_group(state, n)
+    return state
+
+
+class _Fault:
+    """Wraps the controlled drift b(x, u) of one rank: after ``after`` calls it raises, returns NaN,
+    kills its process or sleeps."""
+
+    def __init__(self, after: int, action: str) -> None:
+        self.after, self.action, self.calls = after, action, 0
+
+    def __call__(self, x, u):
+        self.calls += 1
+        if self.calls > self.after:
+            if self.action == "raise":
+                raise ValueError("a fault injected on purpose")
+            if self.action == "nan":
+                return x * float("nan")
+            if self.action == "exit":
+                os._exit(3)
+            if self.action == "sleep":
+                time.sleep(6)
+        return -x + u
+
+
+def _faulty_problem(action: str | None, after: int = 7):
+    ex = _lqr()
+    sde = ex.sde
+    if action is not None and D.rank() == 1:
+        sde = ft.ControlledSDE(sde.control, _Fault(after, action), sde.controlled_diffusion, sde.controlled_cost)
+    return ex, sde
+
+
+def _outcome(fn):
+    started = time.monotonic()
+    try:
+        fn()
+        return {"type": None}
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        return {"type": type(error).__name__, "message": str(error), "reason": getattr(error, "reason", None),
+                "ranks": getattr(error, "ranks", None), "step": getattr(error, "step", None),
+                "has_state": isinstance(getattr(error, "state", None), ft.State),
+                "seconds": time.monotonic() - started}
+
+
+def _failures_worker():
+    """Four faults in turn in one group (theta mismatch, bad input, an exception, NaN on rank 1): the group
+    stays usable after each, so no collective was left unmatched."""
+    outcomes = {}
+    ex, sde = _faulty_problem(None)
+    theta = dict(ex.theta)
+    if D.rank() == 1:
+        theta["weight1"] = theta["weight1"] + 1e-9
+    state = ft.init(sde, theta, ex.x0, particles=2)
+    outcomes["theta"] = _outcome(lambda: D.distributed_run(sde, state, 20, DT, LR, seed=SEED, check_every=5))
+    dt = -1.0 if D.rank() == 1 else DT  # bad input on one rank only
+    outcomes["input"] = _outcome(lambda: D.distributed_run(sde, state._replace(theta=ex.theta), 20, dt, LR))
+    for action in ("raise", "nan"):
+        ex, sde = _faulty_problem(action)
+        state = ft.init(sde, ex.theta, ex.x0, particles=2)
+        outcomes[action] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5))
+    # the small collectives
+    outcomes["broadcast"] = D.broadcast({"a": torch.full((2,), float(D.rank()))})["a"].tolist()
+    outcomes["mean"] = D.group_mean(torch.tensor([float(D.rank())]), weight=D.rank() + 1).item()
+    outcomes["gather"] = D.gather_to_main({"rank": D.rank()})
+    # afterwards the group still works
+    ex, sde = _faulty_problem(None)
+    final, _ = D.distributed_run(sde, ft.init(sde, ex.theta, ex.x0, particles=2), 5, DT, LR, seed=SEED)
+    outcomes["after"] = float(final.t)
+    return outcomes
+
+
+def _abandon_worker(action: str):
+    ex, sde = _faulty_problem(action, after=5)
+    state = ft.init(sde, ex.theta, ex.x0, particles=2)
+    return _outcome(lambda: D.distributed_run(sde, state, 1000, DT, LR, seed=SEED, check_every=100))
+
+
+# ----------------------------------------------------------------------------------------------
+# single-process tests
+
+
+def test_rank_seeds_are_reproducible_and_distinct():
+    seeds = [D.rank_seed(SEED, r) for r in range(4)]
+    assert seeds == [D.rank_seed(SEED, r) for r in range(4)]
+    assert len(set(seeds)) == 4 and D.rank_seed(SEED + 1, 0) != seeds[0]
+    assert all(0 <= s < 2**63 for s in seeds)
+    a = torch.randn(5, generator=D.rank_generator(SEED, "cpu", 1))
+    assert torch.equal(a, torch.randn(5, generator=D.rank_generator(SEED, "cpu", 1)))
+    with pytest.raises(ValueError, match="seed"):
+        D.rank_seed(-1, 0)
+    with pytest.raises(ValueError, match="rank"):
+        D.rank_seed(0, -2)
+
+
+def test_backend_follows_the_device():
+    assert D.backend_for("cpu") == "gloo"
+    assert "nccl" in D.backend_for("cuda:0") and "gloo" in D.backend_for(torch.device("cuda"))
+
+
+def test_without_a_group_everything_is_one_process(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert (D.rank(), D.world_size(), D.is_main()) == (0, 1, True)
+    assert D.init_process_group() is False
+    g = {"a": torch.ones(2)}
+    assert D.gradient_mean()(g) is g
+
+
+def test_partial_environment_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        D.init_process_group()
+    with pytest.raises(ValueError, match="timeout"):
+        D.init_process_group(timeout=0)
+
+
+def test_a_torchrun_environment_without_a_group_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ex = _lqr()
+    with pytest.raises(ValueError, match="init_process_group"):
+        D.distributed_run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0), 5, DT, LR)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="every"):
+        D.gradient_mean(0)
+    with pytest.raises(ValueError, match="weight"):
+        D.gradient_mean(weight=-1.0)
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
+    with pytest.raises(ValueError, match="check_every"):
+        D.distributed_run(ex.sde, state, 10, DT, LR, check_every=0)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_single_process_matches_the_reference(every):
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=3)
+    final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10, every=every)
+    reference, costs = _reference([3], STEPS, every)
+    for got, want in zip(ft._tree.leaves(final), ft._tree.leaves(reference)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(history.cost, costs.reshape(-1, 10).mean(1), rtol=1e-12, atol=1e-14)
+    assert history.step.tolist() == [10, 20, 30, 40]
+
+
+def test_single_process_divergence_is_a_group_error():
+    ex, _ = _faulty_problem(None)
+    sde = ft.ControlledSDE(ex.sde.control, _Fault(3, "nan"), ex.sde.controlled_diffusion, ex.sde.controlled_cost)
+    state = ft.init(sde, ex.theta, ex.x0, particles=2)
+    with pytest.raises(D.GroupError, match="rank 0 has NaN/inf in x") as caught:
+        D.distributed_run(sde, state, 20, DT, LR, check_every=5)
+    assert caught.value.step == 5 and caught.value.reason == "non-finite"
+    assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
+
+
+# ----------------------------------------------------------------------------------------------
+# multi-process tests
+
+
+def _assert_matches_reference(runs_per_rank, particles, every):
+    reference, costs = _reference(particles, STEPS, every)
+    offsets = [sum(particles[:r]) for r in range(len(particles))]
+    for r, (runs, composed) in enumerate(runs_per_rank):
+        final, history, _ = runs[0]
+        assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(composed)))
+        rows = slice(offsets[r], offsets[r] + particles[r])
+        torch.testing.assert_close(final.x, reference.x[rows], rtol=1e-10, atol=1e-12)
+        for got, want in zip(ft._tree.leaves(final.x_tilde), ft._tree.leaves(reference.x_tilde)):
+            torch.testing.assert_close(got, want[rows], rtol=1e-10, atol=1e-12)
+        for got, want in zip(ft._tree.leaves(final.theta), ft._tree.leaves(reference.theta)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(history.cost, costs.reshape(-1, 10).mean(1), rtol=1e-10, atol=1e-12)
+    theta0 = ft._tree.leaves(runs_per_rank[0][0][0][0].theta)
+    for runs, _ in runs_per_rank[1:]:  # bitwise equal theta on every rank
+        assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(runs[0][0].theta)))
+
+
+def test_two_ranks_equal_one_process_reproducibly_and_only_rank_0_prints():
+    particles = [3, 3]
+    ranks = D.launch(_train_worker, 2, (particles, 1, 2), timeout=LAUNCH_TIMEOUT)
+    _assert_matches_reference(ranks, particles, every=1)
+    for runs, _ in ranks:  # same seed, same bits
+        (a, ha, _), (b, hb, _) = runs
+        assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((a, ha)), ft._tree.leaves((b, hb))))
+    lines = ranks[0][0][0][2].splitlines()
+    assert len(lines) == 4 and all(line.startswith("step") and "ranks 2" in line for line in lines)
+    assert all(run[2] == "" for run in ranks[1][0])
+
+
+@pytest.mark.parametrize("particles, every", [([2, 2, 2], 1), ([3, 1, 2], 1), ([2, 2, 2], 4)],
+                         ids=["equal", "unequal-particles", "accumulate-4"])
+def test_three_ranks_equal_one_process(particles, every):
+    ranks = D.launch(_train_worker, 3, (particles, every, 1), timeout=LAUNCH_TIMEOUT)
+    _assert_matches_reference(ranks, particles, every)
+
+
+def test_failures_stop_every_rank_with_a_clear_error():
+    ranks = D.launch(_failures_worker, 3, timeout=LAUNCH_TIMEOUT)
+    for r, out in enumerate(ranks):
+        theta = out["theta"]
+        assert theta["type"] == "GroupError" and theta["reason"] == "theta-mismatch"
+        assert theta["ranks"] == (1,) and theta["step"] == 0
+
+        bad_input = out["input"]
+        if r == 1:
+            assert bad_input["type"] == "ValueError" and "dt" in bad_input["message"]
+        else:
+            assert bad_input["type"] == "GroupError" and bad_input["ranks"] == (1,) and bad_input["step"] == 0
+
+        raised = out["raise"]
+        if r == 1:  # the failing rank re-raises its own error after telling the others
+            assert raised["type"] == "ValueError" and "on purpose" in raised["message"]
+        else:
+            assert raised["type"] == "GroupError" and raised["reason"] == "failed"
+            assert raised["ranks"] == (1,) and "rank 1 raised" in raised["message"]
+            assert raised["step"] == 10 and raised["has_state"]
+
+        nan = out["nan"]
+        assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 10
+        assert "rank 1 has NaN/inf in x or x_tilde" in nan["message"]
+        assert out["after"] == pytest.approx(5 * DT)
+        assert out["broadcast"] == [0.0, 0.0]
+        assert out["mean"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
+        assert out["gather"] == ([{"rank": 0}, {"rank": 1}, {"rank": 2}] if r == 0 else None)
+
+
+@pytest.mark.parametrize("action", ["exit", "sleep"])
+def test_a_rank_that_exits_or_hangs_ends_the_group(action):
+    """Rank 1 dies (exit) or stops answering (sleeps 6 s, longer than the 3 s group timeout): rank 0 raises
+    GroupError("lost") quickly instead of waiting."""
+    with pytest.raises(D.LaunchError) if action == "exit" else contextlib.nullcontext() as caught:
+        results = D.launch(_abandon_worker, 2, (action,), timeout=LAUNCH_TIMEOUT, group_timeout=3.0)
+    if action == "exit":
+        assert set(caught.value.errors) == {1} and "code 3" in caught.value.errors[1]
+        rank0 = caught.value.results[0]
+    else:
+        rank0 = results[0]
+    assert rank0["type"] == "GroupError" and rank0["reason"] == "lost"
+    assert "another rank has probably failed" in rank0["message"]
+    assert rank0["seconds"] < (3.0 if action == "exit" else 5.5)  # the sleeper wakes after 6 s
+
+
+SCRIPT = """
+import torch
+import fwdtrain as ft
+from fwdtrain import distributed as D
+from fwdtrain.step import advance
+
+assert D.init_process_group(timeout=30)
+ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
+state = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
+final, history = D.distributed_run(ex.sde, state, 20, 0.01, 0.5, seed=3, check_every=10, verbose=True)
+D.print_main("RESULT", history.cost.tolist())
+D.destroy_process_group()
+"""
+
+
+def test_torchrun_two_processes_print_once(tmp_path):
+    """The real launcher: torchrun sets the environment, only rank 0 writes to the shared stdout."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun not installed next to the interpreter")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("RESULT") for line in lines) == 1
+    assert sum(line.startswith("step") for line in lines) == 2
+    assert all("ranks 2" in line for line in lines if line.startswith("step"))
+
+
+def test_benchmark_quick(monkeypatch, capsys):
+    """benchmarks/distributed.py --quick: one line per process count."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                             "benchmarks"))
+    import importlib
+
+    bench = importlib.import_module("distributed")
+    bench.main(["--quick"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("processes")]
+    assert [line.split()[1] for line in lines] == ["1", "2"]
+    assert all(float(line.split("particle-steps/s")[1].split()[0].replace(",", "")) > 0 for line in lines)
