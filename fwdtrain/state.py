@@ -17,7 +17,8 @@ class State(NamedTuple):
     x:       (N, d) particles.
     x_tilde: pytree like theta; leaf of shape s -> (N, d, *s), the sensitivity dX/dtheta.
     theta:   the shared parameters (a pytree of tensors).
-    t:       0-d tensor, the current time.
+    t:       0-d tensor, the current time; float64 whatever the dtype of x (a float32 clock
+             drifts by ~1e-3 after 10^4 steps and stops at t = 2^18 steps of 0.01).
     """
 
     x: torch.Tensor
@@ -89,4 +90,4 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None)
     theta = tree_map(lambda leaf: leaf.detach().clone(), theta)
     evaluate_once(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
-    return State(x, x_tilde, theta, torch.zeros((), dtype=dtype, device=device))
+    return State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))

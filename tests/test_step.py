@@ -103,7 +103,15 @@ def test_dtype_is_kept(dtype):
     ex = ft.examples.lqr_1d(dtype=dtype, particles=3)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=3)
     new = ft.step(ex.sde, state, torch.zeros(3, 1, dtype=dtype), ex.dt, 0.1)
-    assert all(leaf.dtype == dtype for leaf in leaves(new))
+    assert all(leaf.dtype == dtype for leaf in leaves((new.x, new.x_tilde, new.theta)))
+    assert new.t.dtype == torch.float64  # the clock is float64 so that it does not drift
+
+
+def test_float32_clock_does_not_drift():
+    ex = ft.examples.lqr_1d(particles=1)
+    state = ft.init(ex.sde, ex.theta, ex.x0)
+    state, _ = ft.run(ex.sde, state, 3000, 0.01, 0.0, record_every=3000)
+    assert abs(float(state.t) - 30.0) < 1e-9
 
 
 def test_run_is_reproducible_from_a_seed():
