@@ -38,12 +38,8 @@ def _reference(particles: list[int], steps: int, every: int = 1):
     """
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=sum(particles))
-    generators = [D.rank_generator(SEED, "cpu", r) for r in range(len(particles))]
-    blocks = []
-    while sum(block.shape[0] for block in blocks) < steps:
-        blocks.append(torch.cat([D.brownian_block(g, D.NOISE_BLOCK, n, 1, DT, torch.float64, torch.device("cpu"))
-                                 for g, n in zip(generators, particles)], dim=1))
-    noise = torch.cat(blocks)[:steps]
+    noise = torch.cat([ft.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
+                       for r, n in enumerate(particles)], dim=1)
     costs, window = [], None
     for n, dw in enumerate(noise, start=1):
         if every == 1:
@@ -77,17 +73,16 @@ def _train_worker(particles: list[int], every: int, repeats: int):
 
 
 def _composed_loop(ex, state, every):
-    """The pieces as a driver would use them: its own loop over advance with reduce=gradient_mean(...),
-    noise from a generator seeded with rank_seed(seed), and check_group as a callback."""
+    """The pieces in the plain driver: fwdtrain.run with seed=rank_seed(seed), reduce=gradient_mean(...)
+    and check_group as a callback; and in one's own loop over advance with the same noise."""
     reduce = D.gradient_mean(every, weight=state.particles)
-    generator = torch.Generator().manual_seed(D.rank_seed(SEED))
-    noise = torch.cat([D.brownian_block(generator, D.NOISE_BLOCK, state.particles, 1, DT, torch.float64,
-                                        torch.device("cpu")) for _ in range(-(-STEPS // D.NOISE_BLOCK))])
-    for n, dw in enumerate(noise[:STEPS], start=1):
+    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, seed=D.rank_seed(SEED), record_every=10, reduce=reduce,
+                      callback=lambda n, s: D.check_group(s, n), callback_every=10)
+    reduce = D.gradient_mean(every, weight=state.particles)
+    noise = ft.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
+    for dw in noise:
         state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
-        if n % 10 == 0:
-            D.check_group(state, n)
-    return state
+    return final, state
 
 
 class _Fault:
@@ -240,10 +235,12 @@ def test_single_process_divergence_is_a_group_error():
     ex, _ = _faulty_problem(None)
     sde = ft.ControlledSDE(ex.sde.control, _Fault(3, "nan"), ex.sde.controlled_diffusion, ex.sde.controlled_cost)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
-    with pytest.raises(D.GroupError, match="rank 0 has NaN/inf in x") as caught:
+    with pytest.raises(D.GroupError, match="rank 0 diverged: x, x_tilde or theta became non-finite") as caught:
         D.distributed_run(sde, state, 20, DT, LR, check_every=5)
     assert caught.value.step == 5 and caught.value.reason == "non-finite"
+    assert isinstance(caught.value.__cause__, ft.DivergenceError)
     assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
+    assert caught.value.history.steps == 0 and caught.value.history.noise is not None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +252,8 @@ def _assert_matches_reference(runs_per_rank, particles, every):
     offsets = [sum(particles[:r]) for r in range(len(particles))]
     for r, (runs, composed) in enumerate(runs_per_rank):
         final, history, _ = runs[0]
-        assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(composed)))
+        for other in composed:
+            assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(other)))
         rows = slice(offsets[r], offsets[r] + particles[r])
         torch.testing.assert_close(final.x, reference.x[rows], rtol=1e-10, atol=1e-12)
         for got, want in zip(ft._tree.leaves(final.x_tilde), ft._tree.leaves(reference.x_tilde)):
@@ -306,11 +304,12 @@ def test_failures_stop_every_rank_with_a_clear_error():
         else:
             assert raised["type"] == "GroupError" and raised["reason"] == "failed"
             assert raised["ranks"] == (1,) and "rank 1 raised" in raised["message"]
-            assert raised["step"] == 10 and raised["has_state"]
+            assert raised["step"] == 5 and raised["has_state"]
 
         nan = out["nan"]
-        assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 10
-        assert "rank 1 has NaN/inf in x or x_tilde" in nan["message"]
+        assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 5
+        assert "rank 1 diverged: x, x_tilde or theta became non-finite" in nan["message"], nan["message"]
+        assert 1 in nan["ranks"] and nan["has_state"]
         assert out["after"] == pytest.approx(5 * DT)
         assert out["broadcast"] == [0.0, 0.0]
         assert out["mean"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
