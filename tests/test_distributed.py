@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
 import fwdtrain as ft
+from fwdtrain import cli, plotting
 from fwdtrain import distributed as D
 from fwdtrain.step import advance
 
@@ -332,38 +333,58 @@ def test_a_rank_that_exits_or_hangs_ends_the_group(action):
     assert rank0["seconds"] < (3.0 if action == "exit" else 5.5)  # the sleeper wakes after 6 s
 
 
-SCRIPT = """
-import torch
-import fwdtrain as ft
-from fwdtrain import distributed as D
-from fwdtrain.step import advance
-
-assert D.init_process_group(timeout=30)
-ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
-state = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
-final, history = D.distributed_run(ex.sde, state, 20, 0.01, 0.5, seed=3, check_every=10, verbose=True)
-D.print_main("RESULT", history.cost.tolist())
-D.destroy_process_group()
-"""
+def _cli_worker(folder: str, argv: list[str]):
+    os.chdir(folder)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
 
 
-def test_torchrun_two_processes_print_once(tmp_path):
-    """The real launcher: torchrun sets the environment, only rank 0 writes to the shared stdout."""
+def _torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 -m fwdtrain ARGS`` in tmp_path, bounded in time."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun not installed next to the interpreter")
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)],
-                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    assert sum(line.startswith("RESULT") for line in lines) == 1
-    assert sum(line.startswith("step") for line in lines) == 2
-    assert all("ranks 2" in line for line in lines if line.startswith("step"))
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "fwdtrain", *args],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env, cwd=tmp_path)
+
+
+def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
+    """The real launcher and the real command line: rank 0 alone prints, plots and writes one checkpoint
+    with both ranks' particles; resuming it under torchrun equals the uninterrupted group run bitwise."""
+    first = _torchrun(tmp_path, "lqr-1d", "--steps", "60", "--particles", "8", "--checkpoint", "a.pt", "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    lines = first.stdout.splitlines()
+    assert len(lines) == 1, first.stdout  # one copy of the output
+    out = json.loads(lines[0])
+    assert out["processes"] == 2 and out["particles"] == 8 and out["steps"] == 60
+    assert set(out["metrics"]) == {"slope", "cost"}
+    if plotting.available():
+        assert (tmp_path / "fwdtrain-lqr-1d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = ft.load(tmp_path / "a.pt")
+    assert saved.metadata["world_size"] == 2 and [e["x"].shape for e in saved.metadata["ranks"]] == [(8, 1)] * 2
+    assert torch.equal(saved.metadata["ranks"][0]["x"], saved.state.x)
+    assert not torch.equal(saved.metadata["ranks"][0]["x"], saved.metadata["ranks"][1]["x"])  # own noise
+
+    # the same command line on a group made by launch (quicker to start than torchrun)
+    resumed = D.launch(_cli_worker, 2, (str(tmp_path), ["--resume", "a.pt", "--steps", "120", "--checkpoint", "b.pt",
+                                                        "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
+    whole = D.launch(_cli_worker, 2, (str(tmp_path), ["--steps", "120", "--particles", "8", "--checkpoint", "c.pt",
+                                                      "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
+    for (code0, out0), (code1, out1) in (resumed, whole):
+        assert code0 == code1 == 0 and out1 == ""
+        assert json.loads(out0)["steps"] == 120 and json.loads(out0)["steps_this_run"] in (60, 120)
+    b, c = ft.load(tmp_path / "b.pt"), ft.load(tmp_path / "c.pt")
+    assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((b.state, b.metadata["ranks"])),
+                                                  ft._tree.leaves((c.state, c.metadata["ranks"]))))
+    assert torch.equal(b.history.average_cost[-1], c.history.average_cost[-1])
+
+    # one process cannot continue a group's run
+    assert cli.main(["--resume", str(tmp_path / "a.pt"), "--steps", "120", "--no-plot"]) == 2
 
 
 def test_benchmark_quick(monkeypatch, capsys):

@@ -101,7 +101,7 @@ def distributed_run(
     ``GroupError`` there, carrying this rank's last checked state and history (a rank
     that raised re-raises its own error; a divergence on any rank is reason
     "non-finite" on all). Ctrl-C on any rank returns every rank's last checked state
-    with ``history.interrupted`` True. ``progress`` (a tqdm bar) and ``verbose`` (a
+    with ``history.interrupted`` True (saved to ``checkpoint`` when given). ``progress`` (a tqdm bar) and ``verbose`` (a
     line per check) are shown on rank 0 only, with the group's cost. ``checkpoint``:
     ``save_group`` every ``checkpoint_every`` steps and at the end (rank 0 writes).
     ``history`` continues a run (from ``load_group``).
@@ -181,7 +181,11 @@ def distributed_run(
                 except GroupError as stopped:
                     if stopped.reason != "interrupted":
                         raise
-                    return good, history_of()._replace(interrupted=torch.tensor(True))
+                    stopped_history = history_of()._replace(interrupted=torch.tensor(True))
+                    if checkpoint is not None:  # every rank is here: save the agreed state
+                        from .checkpoint import save_group
+                        save_group(checkpoint, good, stopped_history, metadata=metadata)
+                    return good, stopped_history
             status = agree(new_state, stop, OK, None, out.carry["cost_total"] - base.carry["cost_total"], stop - n)
             # the driver records the last step of every call; keep only the record_every grid, the end and
             # checkpoints, as one uninterrupted run does
