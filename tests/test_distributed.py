@@ -1,8 +1,10 @@
 """fwdtrain.distributed: R ranks x N particles against one process with the ranks' noise concatenated,
-reproducibility, rank-0-only output, and failures that end the whole group (gloo on localhost).
+reproducibility, rank-0-only output, failures that end the whole group (gloo on localhost), and the
+command line under torchrun with a group checkpoint and resume.
 
 The multi-process tests launch 2 or 3 local processes with ``fwdtrain.distributed.launch`` (forked from
-a server that imports torch once; every launch bounded by a timeout, overrunning processes killed).
+a server that imports torch once; every launch bounded by a timeout, overrunning processes killed); one
+test starts the real ``torchrun -m fwdtrain``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class _Fault:
                 os._exit(3)
             if self.action == "sleep":
                 time.sleep(6)
+            if self.action == "interrupt":
+                raise KeyboardInterrupt
         return -x + u
 
 
@@ -242,6 +246,26 @@ def test_single_process_divergence_is_a_group_error():
     assert isinstance(caught.value.__cause__, ft.DivergenceError)
     assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
     assert caught.value.history.steps == 0 and caught.value.history.noise is not None
+
+
+def test_interrupt_returns_the_last_checked_state_and_saves_it(tmp_path):
+    ex = _lqr()
+    sde = ft.ControlledSDE(ex.sde.control, _Fault(12, "interrupt"), ex.sde.controlled_diffusion,
+                           ex.sde.controlled_cost)
+    state = ft.init(sde, ex.theta, ex.x0, particles=2)
+    path = tmp_path / "ck.pt"
+    final, history = D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5, record_every=5,
+                                       checkpoint=path)
+    assert bool(history.interrupted) and history.steps == int(round(float(final.t) / DT)) and history.steps % 5 == 0
+    saved = D.load_group(path)
+    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves((saved.state, saved.history.step)),
+                                                  ft._tree.leaves((final, history.step))))
+    # continuing the saved run equals the run never interrupted
+    plain = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
+    whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, check_every=5, record_every=5)
+    rest, _ = D.distributed_run(ex.sde, saved.state, 30 - history.steps, DT, LR, seed=SEED, check_every=5,
+                                record_every=5, history=saved.history)
+    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(rest), ft._tree.leaves(whole)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -165,6 +165,8 @@ def distributed_run(
                     code = INTERRUPTED
             except GroupError:
                 raise
+            except KeyboardInterrupt:  # outside the driver's own loop (its set-up)
+                code = INTERRUPTED
             except DivergenceError as caught:
                 code, error = DIVERGED, caught
             except Exception as caught:  # noqa: BLE001 - re-raised after the check
