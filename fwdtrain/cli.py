@@ -35,6 +35,7 @@ SCHEDULES = ("constant", "inverse-time", "staged")
 # the builders' defaults are the ones that train). Explicit options always win.
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+EXIT_WAIT = 600.0  # seconds the other ranks of a group wait at exit for rank 0 to finish
 
 
 class _Parser(argparse.ArgumentParser):
@@ -281,14 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(_with_default_problem(argv))
     except SystemExit as stop:  # --help, or a bad option (one line already printed)
         return stop.code if isinstance(stop.code, int) else 2
+    status = 1
     try:
         distributed.init_process_group()  # a no-op outside torchrun
-        return _main(args, explicit)
+        status = _main(args, explicit)
+        return status
     except ValueError as error:  # a torchrun environment given only in part
         print(f"fwdtrain: error: {error}", file=sys.stderr)
         return 2
-    finally:
-        distributed.destroy_process_group()
+    finally:  # after a run, every rank waits for rank 0's evaluation and plots, then all leave together
+        distributed.destroy_process_group(wait=EXIT_WAIT if status in (0, 130) else None)
 
 
 def _main(args: argparse.Namespace, explicit: bool) -> int:

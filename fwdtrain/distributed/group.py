@@ -126,10 +126,24 @@ def init_process_group(backend: str | None = None, *, device: torch.device | str
     return True
 
 
-def destroy_process_group() -> None:
-    """Leave the process group, if any."""
-    if is_initialized():
-        dist.destroy_process_group()
+def destroy_process_group(*, wait: float | None = None) -> None:
+    """Leave the process group, if any.
+
+    ``wait`` (seconds): first wait up to that long for every rank to get here, so that no rank
+    exits while another still works (e.g. rank 0 evaluating or plotting); a rank that is gone
+    or late only ends the wait.
+    """
+    if not is_initialized():
+        return
+    if wait is not None and dist.get_world_size() > 1:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait))
+            else:
+                dist.barrier()
+        except RuntimeError:
+            pass
+    dist.destroy_process_group()
 
 
 def require_group() -> None:
