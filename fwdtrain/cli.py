@@ -201,8 +201,8 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
         if grouped:  # the same run on every rank; the group's gradient, per-rank noise
             state, history = distributed.distributed_run(
                 example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
-                record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
-                checkpoint_every=args.checkpoint_every, metadata=metadata)
+                record_every=args.record_every, check_every=min(100, args.record_every), progress=progress,
+                checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, metadata=metadata)
         else:
             state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0),
                                  history=history, record_every=args.record_every, progress=progress,

@@ -365,6 +365,33 @@ def _cli_worker(folder: str, argv: list[str]):
     return code, out.getvalue()
 
 
+def _boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
+    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
+    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
+                 cost=lambda th, x: (x * x).sum())
+    return ft.examples.Example("boom", sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype),
+                               particles, dt, steps, ft.schedules.constant(lr), {"cost": 1.0},
+                               lambda theta: {"cost": 1.0})
+
+
+def _cli_boom_worker(folder: str):
+    ft.examples.REGISTRY["boom"] = _boom
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, out = _cli_worker(folder, ["boom", "--no-plot", "--record-every", "2", "--checkpoint", "ck.pt"])
+    return code, out, err.getvalue()
+
+
+def test_cli_divergence_in_a_group_exits_3_and_saves_the_last_agreed_state(tmp_path):
+    ranks = D.launch(_cli_boom_worker, 2, (str(tmp_path),), timeout=LAUNCH_TIMEOUT)
+    assert [code for code, _, _ in ranks] == [3, 3] and all(out == "" for _, out, _ in ranks)
+    err = ranks[0][2]
+    assert "diverged" in err and "ck.pt" in err and err.count("\n") == 1 and ranks[1][2] == ""
+    saved = ft.load(tmp_path / "ck.pt")
+    assert saved.metadata["world_size"] == 2 and 0 < saved.history.steps < 200  # the group checks every record
+    assert all(bool(torch.isfinite(entry["x"]).all()) for entry in saved.metadata["ranks"])
+
+
 def _torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 -m fwdtrain ARGS`` in tmp_path, bounded in time."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import _checks
-from .._tree import squared_norm, tree_map
+from .._tree import tree_map
 from ..driver import History, _Progress, _progress_enabled, run
 from ..errors import DivergenceError
 from ..problem import SDE
