@@ -13,6 +13,7 @@ and reports there, so every rank stops at the same check with the same verdict.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -101,10 +102,11 @@ def distributed_run(
     ``GroupError`` there, carrying this rank's last checked state and history (a rank
     that raised re-raises its own error; a divergence on any rank is reason
     "non-finite" on all). Ctrl-C on any rank returns every rank's last checked state
-    with ``history.interrupted`` True (saved to ``checkpoint`` when given). ``progress`` (a tqdm bar) and ``verbose`` (a
-    line per check) are shown on rank 0 only, with the group's cost. ``checkpoint``:
-    ``save_group`` every ``checkpoint_every`` steps and at the end (rank 0 writes).
-    ``history`` continues a run (from ``load_group``).
+    with ``history.interrupted`` True (saved to ``checkpoint`` when given).
+    ``progress`` (a tqdm bar) and ``verbose`` (a line per check) are shown on rank 0
+    only, with the group's cost. ``checkpoint``: ``save_group`` every
+    ``checkpoint_every`` steps and at the end (rank 0 writes). ``history`` continues
+    a run (from ``load_group``).
 
     Returns this rank's final ``State`` and the group's ``History`` (the same records on
     every rank: costs are means over all ranks' particles; the carry is this rank's).
@@ -155,7 +157,7 @@ def distributed_run(
     n = start
     try:
         while n < end:
-            stop = min(_next(n, check_every), _next(n, checkpoint_every) if checkpoint else end, end)
+            stop = min(_next(n, check_every), _next(n, checkpoint_every if checkpoint is not None else None), end)
             tail = _records(base, -1)
             code, error = OK, None
             try:
@@ -214,7 +216,8 @@ def distributed_run(
 
 
 def _next(n: int, every: int | None) -> int:
-    return (n // every + 1) * every if every else n + 1
+    """The first multiple of ``every`` after n (never, for None)."""
+    return (n // every + 1) * every if every else sys.maxsize
 
 
 __all__ = ["distributed_run"]
