@@ -2,12 +2,20 @@
 the learned quantities against the known optimum (``lqr-1d`` when no problem is named).
 
 Exit status: 0 on success, 2 on bad options or an unreadable checkpoint, 3 on divergence,
-130 when interrupted with Ctrl-C (after printing the results so far and saving the checkpoint).
+130 when interrupted with Ctrl-C (after printing the results so far and saving the checkpoint),
+1 when another rank of a process group failed.
+
+Under ``torchrun --nproc-per-node R -m fwdtrain ...`` every rank runs this same command: each
+simulates ``--particles`` particles with its own noise (``distributed.rank_seed``), the gradient
+is averaged over the group every step, and rank 0 alone prints, plots, evaluates and writes
+one checkpoint holding every rank's particles.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -16,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import examples, plotting, schedules
+from . import distributed, examples, plotting, schedules
 from .checkpoint import load, save
 from .driver import run
 from .errors import CheckpointError, DivergenceError
@@ -27,6 +35,7 @@ SCHEDULES = ("constant", "inverse-time", "staged")
 # the builders' defaults are the ones that train). Explicit options always win.
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+EXIT_WAIT = 600.0  # seconds the other ranks of a group wait at exit for rank 0 to finish
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,7 +78,8 @@ def _options() -> argparse.ArgumentParser:
     add = common.add_argument
     add("--steps", type=_positive_int, help="total training steps (a resumed run continues up to this count)")
     add("--dt", type=_positive_float, help="time step h")
-    add("--particles", type=_positive_int, help="number of particles N")
+    add("--particles", type=_positive_int, help="number of particles N (per process under torchrun: "
+        "R processes simulate R N particles)")
     add("--lr", type=_rate, help="learning rate alpha(0); without --schedule the problem's schedule is scaled to it")
     add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time "
         "alpha T0/(T0 + t); staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
@@ -139,11 +149,18 @@ def _first(reference: dict, *names: str) -> float | None:
 
 
 def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
+    """Train and evaluate; the result on rank 0, {"quiet": True, "interrupted": ...} on the other ranks."""
+    grouped = distributed.is_initialized()
+    size = distributed.world_size() if grouped else 1
     checkpoint = None
     saved: dict[str, Any] = {}
     if args.resume:
-        checkpoint = load(args.resume)
+        checkpoint = distributed.load_group(args.resume) if grouped else load(args.resume)
         saved = dict(checkpoint.metadata)
+        saved.pop("ranks", None)
+        if not grouped and saved.get("world_size", 1) != 1:
+            raise ValueError(f"--resume {args.resume} holds a run of {saved['world_size']} processes; resume it "
+                             f"with torchrun --nproc-per-node {saved['world_size']} -m fwdtrain ...")
         if explicit_problem and saved.get("problem", args.problem) != args.problem:
             raise ValueError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
     problem = saved.get("problem", args.problem)
@@ -176,18 +193,35 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
                 "seed": options.get("seed", 0), "dtype": str(example.x0.dtype).removeprefix("torch."),
                 "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
+    if grouped:
+        metadata["world_size"] = size
     progress = False if args.no_progress or args.json else None
     start = time.perf_counter()
     try:
-        state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
-                             record_every=args.record_every, progress=progress, checkpoint=args.checkpoint,
-                             checkpoint_every=args.checkpoint_every, metadata=metadata)
+        if grouped:  # the same run on every rank; the group's gradient, per-rank noise
+            state, history = distributed.distributed_run(
+                example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
+                record_every=args.record_every, check_every=min(100, args.record_every), progress=progress,
+                checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, metadata=metadata)
+        else:
+            state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0),
+                                 history=history, record_every=args.record_every, progress=progress,
+                                 checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                                 metadata=metadata)
     except DivergenceError as error:
         if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
             save(args.checkpoint, error.state, error.history, metadata=metadata)
             error.args = (f"{error.args[0]}; it is saved in {args.checkpoint}",)
         raise
+    except distributed.GroupError as error:
+        if error.reason == "non-finite" and args.checkpoint and error.history is not None:
+            distributed.save_group(args.checkpoint, error.state, error.history, metadata=metadata)
+            error.args = (f"{error.args[0]}; the last state every rank agreed on (step {error.history.steps}) "
+                          f"is saved in {args.checkpoint}",)
+        raise
     wall = time.perf_counter() - start
+    if not distributed.is_main():
+        return {"quiet": True, "interrupted": bool(history.interrupted)}
     start = time.perf_counter()
     learned = example.evaluate(state.theta)
     evaluation = time.perf_counter() - start
@@ -203,12 +237,12 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                 args.plot or f"fwdtrain-{problem}.png", history, control=control, theta=state.theta,
                 optimal_control=(lambda xs: optimal_slope * xs) if optimal_slope is not None else None,
                 optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
-                title=f"{problem}: {history.steps} steps, dt {example.dt}, {example.particles} particles")
+                title=f"{problem}: {history.steps} steps, dt {example.dt}, {size * example.particles} particles")
         else:
             plot_note = plotting.INSTALL_HINT
     taken = history.steps - done
     return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
-            "dt": example.dt, "particles": example.particles, "dtype": metadata["dtype"], "lr": lr0,
+            "dt": example.dt, "particles": example.particles, "processes": size, "dtype": metadata["dtype"], "lr": lr0,
             "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
             or "problem default", "seed": metadata["seed"], "wall_s": wall,
             "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
@@ -216,7 +250,9 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
 
 
 def _table(result: dict[str, Any]) -> str:
-    lines = [f"fwdtrain {result['problem']}: {result['particles']} particles, dt {result['dt']}, "
+    particles = (f"{result['particles']} particles" if result["processes"] == 1 else
+                 f"{result['processes']} x {result['particles']} particles")
+    lines = [f"fwdtrain {result['problem']}: {particles}, dt {result['dt']}, "
              f"{result['dtype']}, lr {result['lr']:g} ({result['schedule']}), seed {result['seed']}",
              f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"]
     for name, m in result["metrics"].items():
@@ -239,19 +275,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m fwdtrain`` and the ``fwdtrain`` script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     explicit = bool(argv) and argv[0] in examples.REGISTRY
+    quiet = not distributed.is_main()  # a rank > 0 under torchrun: rank 0 says it all
     try:
-        args = build_parser().parse_args(_with_default_problem(argv))
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext(), \
+                contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            args = build_parser().parse_args(_with_default_problem(argv))
     except SystemExit as stop:  # --help, or a bad option (one line already printed)
         return stop.code if isinstance(stop.code, int) else 2
+    status = 1
+    try:
+        distributed.init_process_group()  # a no-op outside torchrun
+        status = _main(args, explicit)
+        return status
+    except ValueError as error:  # a torchrun environment given only in part
+        print(f"fwdtrain: error: {error}", file=sys.stderr)
+        return 2
+    finally:  # after a run, every rank waits for rank 0's evaluation and plots, then all leave together
+        distributed.destroy_process_group(wait=EXIT_WAIT if status in (0, 130) else None)
+
+
+def _main(args: argparse.Namespace, explicit: bool) -> int:
+    def fail(message: str, status: int, every_rank: bool = False) -> int:
+        if every_rank or distributed.is_main():  # the same error on every rank is printed once
+            where = f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized() else ""
+            print(f"fwdtrain: {where}error: {message}", file=sys.stderr)
+        return status
+
     try:
         result = _train(args, explicit)
     except DivergenceError as error:
-        print(f"fwdtrain: error: {error}", file=sys.stderr)
-        return 3
+        return fail(str(error), 3)
+    except distributed.GroupError as error:
+        return fail(str(error), 3 if error.reason == "non-finite" else 1)
     except (ValueError, TypeError, CheckpointError) as error:
-        print(f"fwdtrain: error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(result) if args.json else _table(result))
+        return fail(str(error), 2)
+    if not result.get("quiet"):
+        print(json.dumps(result) if args.json else _table(result))
     return 130 if result["interrupted"] else 0
 
 

@@ -1,24 +1,27 @@
 """fwdtrain.distributed: R ranks x N particles against one process with the ranks' noise concatenated,
-reproducibility, rank-0-only output, and failures that end the whole group (gloo on localhost).
+reproducibility, rank-0-only output, failures that end the whole group (gloo on localhost), and the
+command line under torchrun with a group checkpoint and resume.
 
 The multi-process tests launch 2 or 3 local processes with ``fwdtrain.distributed.launch`` (forked from
-a server that imports torch once; every launch bounded by a timeout, overrunning processes killed).
+a server that imports torch once; every launch bounded by a timeout, overrunning processes killed); one
+test starts the real ``torchrun -m fwdtrain``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
 import fwdtrain as ft
+from fwdtrain import cli, plotting
 from fwdtrain import distributed as D
 from fwdtrain.step import advance
 
@@ -38,12 +41,8 @@ def _reference(particles: list[int], steps: int, every: int = 1):
     """
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=sum(particles))
-    generators = [D.rank_generator(SEED, "cpu", r) for r in range(len(particles))]
-    blocks = []
-    while sum(block.shape[0] for block in blocks) < steps:
-        blocks.append(torch.cat([D.brownian_block(g, D.NOISE_BLOCK, n, 1, DT, torch.float64, torch.device("cpu"))
-                                 for g, n in zip(generators, particles)], dim=1))
-    noise = torch.cat(blocks)[:steps]
+    noise = torch.cat([ft.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
+                       for r, n in enumerate(particles)], dim=1)
     costs, window = [], None
     for n, dw in enumerate(noise, start=1):
         if every == 1:
@@ -77,17 +76,16 @@ def _train_worker(particles: list[int], every: int, repeats: int):
 
 
 def _composed_loop(ex, state, every):
-    """The pieces as a driver would use them: its own loop over advance with reduce=gradient_mean(...),
-    noise from a generator seeded with rank_seed(seed), and check_group as a callback."""
+    """The pieces in the plain driver: fwdtrain.run with seed=rank_seed(seed), reduce=gradient_mean(...)
+    and check_group as a callback; and in one's own loop over advance with the same noise."""
     reduce = D.gradient_mean(every, weight=state.particles)
-    generator = torch.Generator().manual_seed(D.rank_seed(SEED))
-    noise = torch.cat([D.brownian_block(generator, D.NOISE_BLOCK, state.particles, 1, DT, torch.float64,
-                                        torch.device("cpu")) for _ in range(-(-STEPS // D.NOISE_BLOCK))])
-    for n, dw in enumerate(noise[:STEPS], start=1):
+    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, seed=D.rank_seed(SEED), record_every=10, reduce=reduce,
+                      callback=lambda n, s: D.check_group(s, n), callback_every=10)
+    reduce = D.gradient_mean(every, weight=state.particles)
+    noise = ft.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
+    for dw in noise:
         state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
-        if n % 10 == 0:
-            D.check_group(state, n)
-    return state
+    return final, state
 
 
 class _Fault:
@@ -108,6 +106,8 @@ class _Fault:
                 os._exit(3)
             if self.action == "sleep":
                 time.sleep(6)
+            if self.action == "interrupt":
+                raise KeyboardInterrupt
         return -x + u
 
 
@@ -240,10 +240,32 @@ def test_single_process_divergence_is_a_group_error():
     ex, _ = _faulty_problem(None)
     sde = ft.ControlledSDE(ex.sde.control, _Fault(3, "nan"), ex.sde.controlled_diffusion, ex.sde.controlled_cost)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
-    with pytest.raises(D.GroupError, match="rank 0 has NaN/inf in x") as caught:
+    with pytest.raises(D.GroupError, match="rank 0 diverged: x, x_tilde or theta became non-finite") as caught:
         D.distributed_run(sde, state, 20, DT, LR, check_every=5)
     assert caught.value.step == 5 and caught.value.reason == "non-finite"
+    assert isinstance(caught.value.__cause__, ft.DivergenceError)
     assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
+    assert caught.value.history.steps == 0 and caught.value.history.noise is not None
+
+
+def test_interrupt_returns_the_last_checked_state_and_saves_it(tmp_path):
+    ex = _lqr()
+    sde = ft.ControlledSDE(ex.sde.control, _Fault(12, "interrupt"), ex.sde.controlled_diffusion,
+                           ex.sde.controlled_cost)
+    state = ft.init(sde, ex.theta, ex.x0, particles=2)
+    path = tmp_path / "ck.pt"
+    final, history = D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5, record_every=5,
+                                       checkpoint=path)
+    assert bool(history.interrupted) and history.steps == int(round(float(final.t) / DT)) and history.steps % 5 == 0
+    saved = D.load_group(path)
+    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves((saved.state, saved.history.step)),
+                                                  ft._tree.leaves((final, history.step))))
+    # continuing the saved run equals the run never interrupted
+    plain = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
+    whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, check_every=5, record_every=5)
+    rest, _ = D.distributed_run(ex.sde, saved.state, 30 - history.steps, DT, LR, seed=SEED, check_every=5,
+                                record_every=5, history=saved.history)
+    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(rest), ft._tree.leaves(whole)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +277,8 @@ def _assert_matches_reference(runs_per_rank, particles, every):
     offsets = [sum(particles[:r]) for r in range(len(particles))]
     for r, (runs, composed) in enumerate(runs_per_rank):
         final, history, _ = runs[0]
-        assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(composed)))
+        for other in composed:
+            assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(other)))
         rows = slice(offsets[r], offsets[r] + particles[r])
         torch.testing.assert_close(final.x, reference.x[rows], rtol=1e-10, atol=1e-12)
         for got, want in zip(ft._tree.leaves(final.x_tilde), ft._tree.leaves(reference.x_tilde)):
@@ -306,11 +329,12 @@ def test_failures_stop_every_rank_with_a_clear_error():
         else:
             assert raised["type"] == "GroupError" and raised["reason"] == "failed"
             assert raised["ranks"] == (1,) and "rank 1 raised" in raised["message"]
-            assert raised["step"] == 10 and raised["has_state"]
+            assert raised["step"] == 5 and raised["has_state"]
 
         nan = out["nan"]
-        assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 10
-        assert "rank 1 has NaN/inf in x or x_tilde" in nan["message"]
+        assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 5
+        assert "rank 1 diverged: x, x_tilde or theta became non-finite" in nan["message"], nan["message"]
+        assert 1 in nan["ranks"] and nan["has_state"]
         assert out["after"] == pytest.approx(5 * DT)
         assert out["broadcast"] == [0.0, 0.0]
         assert out["mean"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
@@ -333,38 +357,85 @@ def test_a_rank_that_exits_or_hangs_ends_the_group(action):
     assert rank0["seconds"] < (3.0 if action == "exit" else 5.5)  # the sleeper wakes after 6 s
 
 
-SCRIPT = """
-import torch
-import fwdtrain as ft
-from fwdtrain import distributed as D
-from fwdtrain.step import advance
-
-assert D.init_process_group(timeout=30)
-ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
-state = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
-final, history = D.distributed_run(ex.sde, state, 20, 0.01, 0.5, seed=3, check_every=10, verbose=True)
-D.print_main("RESULT", history.cost.tolist())
-D.destroy_process_group()
-"""
+def _cli_worker(folder: str, argv: list[str]):
+    os.chdir(folder)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
 
 
-def test_torchrun_two_processes_print_once(tmp_path):
-    """The real launcher: torchrun sets the environment, only rank 0 writes to the shared stdout."""
+def _boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
+    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
+    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
+                 cost=lambda th, x: (x * x).sum())
+    return ft.examples.Example("boom", sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype),
+                               particles, dt, steps, ft.schedules.constant(lr), {"cost": 1.0},
+                               lambda theta: {"cost": 1.0})
+
+
+def _cli_boom_worker(folder: str):
+    ft.examples.REGISTRY["boom"] = _boom
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, out = _cli_worker(folder, ["boom", "--no-plot", "--record-every", "2", "--checkpoint", "ck.pt"])
+    return code, out, err.getvalue()
+
+
+def test_cli_divergence_in_a_group_exits_3_and_saves_the_last_agreed_state(tmp_path):
+    ranks = D.launch(_cli_boom_worker, 2, (str(tmp_path),), timeout=LAUNCH_TIMEOUT)
+    assert [code for code, _, _ in ranks] == [3, 3] and all(out == "" for _, out, _ in ranks)
+    err = ranks[0][2]
+    assert "diverged" in err and "ck.pt" in err and err.count("\n") == 1 and ranks[1][2] == ""
+    saved = ft.load(tmp_path / "ck.pt")
+    assert saved.metadata["world_size"] == 2 and 0 < saved.history.steps < 200  # the group checks every record
+    assert all(bool(torch.isfinite(entry["x"]).all()) for entry in saved.metadata["ranks"])
+
+
+def _torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 -m fwdtrain ARGS`` in tmp_path, bounded in time."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun not installed next to the interpreter")
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)],
-                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    assert sum(line.startswith("RESULT") for line in lines) == 1
-    assert sum(line.startswith("step") for line in lines) == 2
-    assert all("ranks 2" in line for line in lines if line.startswith("step"))
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "fwdtrain", *args],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env, cwd=tmp_path)
+
+
+def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
+    """The real launcher and the real command line: rank 0 alone prints, plots and writes one checkpoint
+    with both ranks' particles; resuming it under torchrun equals the uninterrupted group run bitwise."""
+    first = _torchrun(tmp_path, "lqr-1d", "--steps", "60", "--particles", "8", "--checkpoint", "a.pt", "--json")
+    assert first.returncode == 0, first.stderr[:4000]
+    lines = first.stdout.splitlines()
+    assert len(lines) == 1, first.stdout  # one copy of the output
+    out = json.loads(lines[0])
+    assert out["processes"] == 2 and out["particles"] == 8 and out["steps"] == 60
+    assert set(out["metrics"]) == {"slope", "cost"}
+    if plotting.available():
+        assert (tmp_path / "fwdtrain-lqr-1d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = ft.load(tmp_path / "a.pt")
+    assert saved.metadata["world_size"] == 2 and [e["x"].shape for e in saved.metadata["ranks"]] == [(8, 1)] * 2
+    assert torch.equal(saved.metadata["ranks"][0]["x"], saved.state.x)
+    assert not torch.equal(saved.metadata["ranks"][0]["x"], saved.metadata["ranks"][1]["x"])  # own noise
+
+    # the same command line on a group made by launch (quicker to start than torchrun)
+    resumed = D.launch(_cli_worker, 2, (str(tmp_path), ["--resume", "a.pt", "--steps", "120", "--checkpoint", "b.pt",
+                                                        "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
+    whole = D.launch(_cli_worker, 2, (str(tmp_path), ["--steps", "120", "--particles", "8", "--checkpoint", "c.pt",
+                                                      "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
+    for (code0, out0), (code1, out1) in (resumed, whole):
+        assert code0 == code1 == 0 and out1 == ""
+        assert json.loads(out0)["steps"] == 120 and json.loads(out0)["steps_this_run"] in (60, 120)
+    b, c = ft.load(tmp_path / "b.pt"), ft.load(tmp_path / "c.pt")
+    assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((b.state, b.metadata["ranks"])),
+                                                  ft._tree.leaves((c.state, c.metadata["ranks"]))))
+    assert torch.equal(b.history.average_cost[-1], c.history.average_cost[-1])
+
+    # one process cannot continue a group's run
+    assert cli.main(["--resume", str(tmp_path / "a.pt"), "--steps", "120", "--no-plot"]) == 2
 
 
 def test_benchmark_quick(monkeypatch, capsys):

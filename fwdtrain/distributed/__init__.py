@@ -1,0 +1,55 @@
+"""Particles across processes with torch.distributed (gloo on CPU, nccl on CUDA), launched by torchrun.
+
+Rank r of R simulates its own N_r particles with its own noise stream; every rank holds
+the same theta, and the gradient used in the update is the particle-weighted mean over
+the whole group,
+
+    G_n = sum_r N_r Gbar_n^r / sum_r N_r,     Gbar_n^r = (1/N_r) sum_i D c(X_n^{r,i}),
+
+all-reduced every step (or every k steps). So R ranks with N particles each are the
+single-process algorithm with R N particles, driven by the ranks' noise streams
+concatenated along the particle axis (rank 0's particles first).
+
+Modules (one job each):
+  group       join the group torchrun describes (with a timeout on every collective); rank, world_size,
+              is_main, print_main; broadcast, group_mean, gather_to_main
+  seeds       rank_seed: rank r's noise is ``fwdtrain.BrownianNoise(..., seed=rank_seed(seed, r))``
+  reduce      gradient_mean: the ``reduce=`` hook of ``fwdtrain.run``
+  check       check_group: one collective that stops every rank if any rank failed, diverged or
+              holds a different theta
+  driver      distributed_run: ``fwdtrain.run`` in segments that end at group checks
+  checkpoint  save_group / load_group: one file with every rank's particles
+  launch      run a function in R local processes (tests, benchmarks)
+
+Under ``torchrun --nproc-per-node 2 train.py``, with train.py::
+
+    from fwdtrain import distributed as D
+    D.init_process_group(timeout=60)                  # a no-op outside torchrun
+    state = ft.init(sde, D.broadcast(theta), x0, particles=N)
+    state, history = D.distributed_run(sde, state, steps, dt, lr, seed=0, verbose=True)
+    if D.is_main():
+        ...                                           # print, save, plot once
+    D.destroy_process_group()
+
+or the plain driver: ``ft.run(sde, state, steps, dt, lr, seed=D.rank_seed(seed),
+reduce=D.gradient_mean(weight=N), callback=lambda n, s: D.check_group(s, n))``.
+``python -m fwdtrain`` does all of this by itself under torchrun.
+"""
+
+from .check import GroupStatus, check_group
+from .checkpoint import load_group, save_group
+from .driver import distributed_run
+from .group import (DEFAULT_TIMEOUT, GroupError, backend_for, broadcast, destroy_process_group, gather_to_main,
+                    group_mean, init_process_group, is_initialized, is_main, local_device, print_main, rank,
+                    require_group, world_size)
+from .launch import LaunchError, launch
+from .reduce import GradientMean, gradient_mean
+from .seeds import rank_generator, rank_seed
+
+__all__ = [
+    "GroupError", "GroupStatus", "GradientMean", "LaunchError", "DEFAULT_TIMEOUT",
+    "rank", "world_size", "is_main", "is_initialized", "print_main", "backend_for", "local_device",
+    "init_process_group", "destroy_process_group", "require_group", "broadcast", "group_mean", "gather_to_main",
+    "rank_seed", "rank_generator", "gradient_mean", "check_group", "distributed_run",
+    "save_group", "load_group", "launch",
+]
