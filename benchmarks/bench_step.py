@@ -175,7 +175,7 @@ def work_sizes(quick: bool) -> list[tuple[str, int, int]]:
     """(problem, N, fused chunk K)."""
     if quick:
         return [("lqr-1d", 1, 2), ("lqr-3d", 4, 2)]
-    return [("lqr-1d", 1, 64), ("lqr-1d", 100, 32), ("lqr-1d", 10_000, 8), ("lqr-10d", 256, 8)]
+    return [("lqr-1d", 1, 16), ("lqr-1d", 100, 8), ("lqr-1d", 10_000, 4), ("lqr-10d", 256, 4)]
 
 
 def print_table(rows: list[dict]) -> None:

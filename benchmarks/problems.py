@@ -1,6 +1,6 @@
 """The benchmark's work: controlled LQRs dX = (A X + B u) dt + dW, cost |X|^2 + |u|^2, MLP control.
 
-- "lqr-1d":  the seed's problem, A = -1, B = 1, u = 1 -> 16 -> 1 ReLU MLP (fwdtrain.examples.lqr_1d).
+- "lqr-1d":  the seed's problem, A = -1, B = 1, u = 1 -> 16 -> 1 ReLU MLP: fwdtrain.examples.lqr_1d itself.
 - "lqr-10d": d = m = 10, A = -I/2 + (S - S^T)/4 with S ~ N(0, 1/d) fixed by a seed, B = I,
              u = 10 -> 64 -> 10 tanh MLP without output bias.
 - "lqr-3d":  a tiny version of the latter (3 -> 4 -> 3) for --quick runs.
@@ -47,7 +47,9 @@ def _controlled_lqr(name: str, a: torch.Tensor, b: torch.Tensor, sizes: list[int
 
 def lqr(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Problem:
     if name == "lqr-1d":
-        return _controlled_lqr(name, -torch.eye(1), torch.eye(1), [1, 16, 1], "relu", dtype, seed)
+        example = ft.examples.lqr_1d(dtype=dtype, seed=seed)
+        return Problem(name, example.sde, example.theta, example.x0, -torch.eye(1, dtype=dtype),
+                       torch.eye(1, dtype=dtype), 2, "relu", 0.01, 0.5)
     sizes: dict[str, Any] = {"lqr-10d": (10, 64), "lqr-3d": (3, 4)}
     if name not in sizes:
         raise ValueError(f"unknown benchmark problem {name!r}; choose one of lqr-1d, {', '.join(sizes)}")

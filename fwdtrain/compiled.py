@@ -7,10 +7,14 @@ Both compute exactly what ``advance`` computes (same maths, same noise); they on
 remove Python and dispatch overhead. ``dt``, ``mode`` and ``reduce`` are fixed when
 the function is built and baked into the graph; everything that changes from step
 to step (the state, t, alpha, the noise) is a tensor argument, so a warm function
-never recompiles. The K fused steps are an unrolled chunk: torch 2.13's
-``torch._higher_order_ops.scan`` also compiles this body, but inductor runs its loop
-one iteration at a time from the wrapper, which costs as much as one compiled call
-per step (benchmarks/bench_step.py measures both).
+never recompiles. The K fused steps are an unrolled chunk. Measured alternatives
+(torch 2.13, benchmarks/bench_step.py, benchmarks/torch_scan.py):
+``torch._higher_order_ops.scan`` compiles this body in a time independent of K,
+but inductor drives its loop from the wrapper one iteration at a time (per step
+about the cost of one compiled call), and it refuses bodies that close over
+tensors (an SDE whose drift uses a matrix A: "lifted arguments" are unsupported);
+``torch.compiler.nested_compile_region`` around the step compiled no faster and
+ran no faster than plain unrolling.
 
 If compilation fails (an unsupported operation in a user's SDE, no C++ compiler),
 the function warns once and runs the same code eagerly from then on.
@@ -29,6 +33,8 @@ from .problem import SDE
 from .state import State
 from .step import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 
+CPP_WRAPPER = {"cpp_wrapper": True}
+
 OneStep = Callable[[State, torch.Tensor, Any], tuple[State, StepInfo]]
 FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 
@@ -36,16 +42,21 @@ FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 class _CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
-    def __init__(self, fn: Callable, what: str, backend: str, options: dict | None) -> None:
+    def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None) -> None:
+        from torch._dynamo.exc import RecompileError  # deferred: importing dynamo takes seconds
+
+        self.recompile_error = RecompileError
         self.eager = fn
         self.what = what
-        extra = {} if options is None else {"options": options}
+        extra = {"options": options} if options and backend == "inductor" else {}
         self.compiled: Callable | None = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None:
             try:
                 return self.compiled(*args)
+            except self.recompile_error:
+                raise  # asked for by torch._dynamo.config.error_on_recompile: not a compiler failure
             except Exception as error:  # noqa: BLE001 - any compiler failure falls back; eager re-raises user errors
                 result = self.eager(*args)
                 warnings.warn(
@@ -56,6 +67,25 @@ class _CompiledOrEager:
                 self.compiled = None
                 return result
         return self.eager(*args)
+
+
+def _canonical_strides(state: State) -> State:
+    """The state's leaves as views with the row-major strides ``torch.empty`` would give them.
+
+    Inductor may give a size-1 dimension of an output another (equally valid) stride
+    than eager does; fed back in, that trips dynamo's stride guards and recompiles
+    once. The view costs nothing and makes the compiled step's output look exactly
+    like its input.
+    """
+
+    def canonical(leaf: torch.Tensor) -> torch.Tensor:
+        strides, step = [], 1
+        for n in reversed(leaf.shape):
+            strides.append(step)
+            step *= n
+        return leaf.contiguous().as_strided(leaf.shape, tuple(reversed(strides)))
+
+    return tree_map(canonical, state)
 
 
 def _check_mode(mode: str) -> None:
@@ -71,7 +101,7 @@ def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
 
 def compile_advance(
     sde: SDE, dt: float, mode: str, reduce: GradientReduce | None = None, *,
-    backend: str = "inductor", options: dict | None = None,
+    backend: str | Callable = "inductor", options: dict | None = None,
 ) -> OneStep:
     """``advance(sde, ., ., dt, ., mode, reduce)`` compiled: ``one_step(state, dw, alpha) -> (State, StepInfo)``.
 
@@ -86,7 +116,8 @@ def compile_advance(
     _checks.check_dt(dt)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
-        return advance(sde, state, dw, dt, alpha, mode, reduce)
+        new_state, info = advance(sde, state, dw, dt, alpha, mode, reduce)
+        return _canonical_strides(new_state), info
 
     compiled = _CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
 
@@ -98,7 +129,7 @@ def compile_advance(
 
 def compile_steps(
     sde: SDE, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
-    *, backend: str = "inductor", options: dict | None = None,
+    *, backend: str | Callable = "inductor", options: dict | None = CPP_WRAPPER,
 ) -> FusedSteps:
     """K = ``steps`` steps of ``advance`` in one compiled call: ``fused(state, noise) -> (State, StepInfo)``.
 
@@ -106,8 +137,12 @@ def compile_steps(
     alpha = lr(t_k) (a schedule is evaluated inside the graph on the tensor t_k).
     The returned ``StepInfo`` stacks the per-step diagnostics: cost (K,) and the
     gradient pytree with leaves (K, *s). Equal to K calls of ``advance`` with the same
-    noise. Compile time grows with K (the chunk is unrolled): K = 16..64 amortises
-    the per-call overhead; run a remainder of fewer steps with ``compile_advance``.
+    noise. Compile time grows with K (the chunk is unrolled, ~5-10 s per step on a
+    small CPU): K = 8..16 amortises the per-call overhead (~0.15 ms); run a remainder
+    of fewer steps with ``compile_advance``. By default inductor's C++ wrapper calls
+    the kernels of all K steps without Python in between (``options=CPP_WRAPPER``,
+    2-3x faster per step than the Python wrapper at N = 1); ``options={}`` uses the
+    Python wrapper.
     """
     _check_mode(mode)
     _checks.check_dt(dt)
@@ -120,7 +155,7 @@ def compile_steps(
             state, info = advance(sde, state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
             costs.append(info.cost)
             gradients.append(info.gradient)
-        return state, StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
+        return _canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
 
     compiled = _CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
 
