@@ -103,7 +103,8 @@ def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, 
         try:
             _, seconds = _timed(lambda: scanned(state0, noise()))
         except Exception as error:  # noqa: BLE001 - a prototype primitive: report, do not stop the benchmark
-            print(f"  torch scan failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            reason = " ".join(line.strip() for line in str(error).splitlines()[:3])[:300]
+            print(f"  torch scan failed: {type(error).__name__}: {reason}")
         else:
             variants.append(Variant(f"fwdtrain scan K={chunk_steps}", whole_chunk(scanned), chunk_steps,
                                     particles, seconds))
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and the 'eager' compile backend (seconds)")
     parser.add_argument("--backend", default=None, help="torch.compile backend (default: inductor; eager if --quick)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 '")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step.json")
     args = parser.parse_args(argv)
     backend = args.backend or ("eager" if args.quick else "inductor")
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, particles, k in work_sizes(args.quick):
         problem = problems.lqr(name)
         work = f"{name} N={particles}"
+        if args.only and args.only not in work + " ":
+            continue
         print(f"[{work}] compiling ...", flush=True)
         variants = torch_variants(problem, particles, k, backend, fused=not args.quick or particles == 1,
                                   scan=particles == 1 and not args.quick)

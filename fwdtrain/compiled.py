@@ -33,7 +33,13 @@ from .problem import SDE
 from .state import State
 from .step import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 
-CPP_WRAPPER = {"cpp_wrapper": True}
+# Inductor splits a C++ loop over OpenMP threads once each thread gets 512 elements; a
+# fork/join costs more than that saves, and on a busy machine a step of N = 100 took
+# 47 ms instead of 0.1 ms (a thread waits for a partner that is not running).
+# Parallel loops only from 8192 elements on 2 threads.
+STEP_OPTIONS = {"cpp.min_chunk_size": 4096}
+# The C++ wrapper calls the kernels of all K steps without Python in between.
+FUSED_OPTIONS = {**STEP_OPTIONS, "cpp_wrapper": True}
 
 OneStep = Callable[[State, torch.Tensor, Any], tuple[State, StepInfo]]
 FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
@@ -101,7 +107,7 @@ def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
 
 def compile_advance(
     sde: SDE, dt: float, mode: str, reduce: GradientReduce | None = None, *,
-    backend: str | Callable = "inductor", options: dict | None = None,
+    backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
 ) -> OneStep:
     """``advance(sde, ., ., dt, ., mode, reduce)`` compiled: ``one_step(state, dw, alpha) -> (State, StepInfo)``.
 
@@ -129,7 +135,7 @@ def compile_advance(
 
 def compile_steps(
     sde: SDE, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
-    *, backend: str | Callable = "inductor", options: dict | None = CPP_WRAPPER,
+    *, backend: str | Callable = "inductor", options: dict | None = FUSED_OPTIONS,
 ) -> FusedSteps:
     """K = ``steps`` steps of ``advance`` in one compiled call: ``fused(state, noise) -> (State, StepInfo)``.
 
@@ -140,9 +146,8 @@ def compile_steps(
     noise. Compile time grows with K (the chunk is unrolled, ~5-10 s per step on a
     small CPU): K = 8..16 amortises the per-call overhead (~0.15 ms); run a remainder
     of fewer steps with ``compile_advance``. By default inductor's C++ wrapper calls
-    the kernels of all K steps without Python in between (``options=CPP_WRAPPER``,
-    2-3x faster per step than the Python wrapper at N = 1); ``options={}`` uses the
-    Python wrapper.
+    the kernels of all K steps without Python in between (``options=FUSED_OPTIONS``,
+    2-3x faster per step than the Python wrapper at N = 1).
     """
     _check_mode(mode)
     _checks.check_dt(dt)
