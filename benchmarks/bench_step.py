@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import resource
 import statistics
@@ -197,10 +198,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and the 'eager' compile backend (seconds)")
     parser.add_argument("--backend", default=None, help="torch.compile backend (default: inductor; eager if --quick)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and XLA (default: the libraries' defaults); 1 on a busy machine")
     parser.add_argument("--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 '")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step.json")
     args = parser.parse_args(argv)
     backend = args.backend or ("eager" if args.quick else "inductor")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+                                   + ("true" if args.threads > 1 else "false")).strip()
     repeats = args.repeats or (3 if args.quick else 7)
     seconds_per_repeat = 0.02 if args.quick else 0.3
 

@@ -54,7 +54,7 @@ class _CompiledOrEager:
         self.recompile_error = RecompileError
         self.eager = fn
         self.what = what
-        extra = {"options": options} if options and backend == "inductor" else {}
+        extra = {"options": dict(options)} if options and backend == "inductor" else {}
         self.compiled: Callable | None = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
