@@ -12,7 +12,8 @@ path per mode:
   then D h = h_x Xtilde + h_theta by one contraction. Differentiating the
   composed function instead is the same maths, but under ``vmap`` its backward
   pass through the shift Xtilde (theta' - theta) broadcasts Xtilde over the
-  output basis: 15x slower for the 10-D benchmark (benchmarks/bench_strategies.py).
+  output basis: 10x slower for the 10-D benchmark, one thread
+  (benchmarks/bench_strategies.py).
 - forward (``jacfwd``, one forward pass per parameter): the composed function
   above, whose tangent along e_j is (Xtilde e_j, e_j), so no contraction at all.
 """
