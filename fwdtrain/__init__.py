@@ -6,6 +6,7 @@ is immutable, and ``step`` is a pure function: state in, new state out.
 
 from . import distributed, examples, noise, schedules
 from .checkpoint import Checkpoint, load, save
+from .compiled import compile_advance, compile_steps
 from .driver import History, run, step_function
 from .errors import CheckpointError, DivergenceError
 from .evaluate import CostEstimate, stationary_cost
@@ -23,5 +24,5 @@ __all__ = [
     "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
     "linearise", "stationary_cost", "schedules", "examples", "distributed",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
-    "DivergenceError", "CheckpointError",
+    "DivergenceError", "CheckpointError", "compile_advance", "compile_steps",
 ]

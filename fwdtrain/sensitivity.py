@@ -4,9 +4,18 @@ For any h(x, theta) the derivative along the sensitivity is
 
     D h = h_x Xtilde + h_theta = d/dtheta' h(X + Xtilde (theta' - theta), theta') |_{theta'=theta}
 
-so mu, sigma and c are differentiated together, in one pass of one composed
-function, by ``torch.func``: reverse mode (``jacrev``, one pass per output
-number) or forward mode (``jacfwd``, one pass per parameter).
+and mu, sigma and c are differentiated together by ``torch.func``, one code
+path per mode:
+
+- reverse (``jacrev``, one backward pass per output number): the partial
+  Jacobians h_x and h_theta of (mu, sigma, c) in one pass over both arguments,
+  then D h = h_x Xtilde + h_theta by one contraction. Differentiating the
+  composed function instead is the same maths, but under ``vmap`` its backward
+  pass through the shift Xtilde (theta' - theta) broadcasts Xtilde over the
+  output basis: 10x slower for the 10-D benchmark, one thread
+  (benchmarks/bench_strategies.py).
+- forward (``jacfwd``, one forward pass per parameter): the composed function
+  above, whose tangent along e_j is (Xtilde e_j, e_j), so no contraction at all.
 """
 
 from __future__ import annotations
@@ -42,14 +51,35 @@ def linearise(
     mode: Literal["reverse", "forward"] = "reverse",
 ) -> Linearisation:
     """(mu, sigma, c) at (x, theta) and D(mu, sigma, c) along ``x_tilde``, one particle."""
+    if mode == "reverse":
+        return _linearise_reverse(coefficients, theta, x, x_tilde)
+    return _linearise_forward(coefficients, theta, x, x_tilde)
+
+
+def _linearise_reverse(coefficients, theta: Theta, x: torch.Tensor, x_tilde: Any) -> Linearisation:
+    """D h = h_x Xtilde + h_theta from the partial Jacobians of one ``jacrev`` over (theta, x)."""
+
+    def evaluate(theta_: Theta, x_: torch.Tensor) -> tuple[Coefficients, Coefficients]:
+        out = Coefficients(*coefficients(theta_, x_))
+        return out, out
+
+    jacobians, value = jacrev(evaluate, argnums=(0, 1), has_aux=True)(theta, x)
+    total = Coefficients(*(
+        tree_map(lambda h_theta, xt: h_theta + torch.tensordot(h_x, xt, dims=1), h_theta_tree, x_tilde)
+        for h_theta_tree, h_x in jacobians
+    ))
+    return Linearisation(value, total)
+
+
+def _linearise_forward(coefficients, theta: Theta, x: torch.Tensor, x_tilde: Any) -> Linearisation:
+    """D h by ``jacfwd`` of the composed function theta' -> h(x + Xtilde (theta' - theta), theta')."""
 
     def along_sensitivity(theta_prime: Theta) -> tuple[Coefficients, Coefficients]:
         shift = tree_map(torch.sub, theta_prime, theta)
         out = Coefficients(*coefficients(theta_prime, x + contract(x_tilde, shift)))
         return out, out
 
-    jacobian = jacrev if mode == "reverse" else jacfwd
-    total, value = jacobian(along_sensitivity, has_aux=True)(theta)
+    total, value = jacfwd(along_sensitivity, has_aux=True)(theta)
     return Linearisation(value, total)
 
 
