@@ -101,6 +101,18 @@ def step_function(sde: SDE, dt: Any, mode: str, reduce: GradientReduce | None = 
     return one_step
 
 
+def _kernels(sde: SDE, dt: Any, mode: str, reduce: GradientReduce | None, schedule: Callable,
+             compiled: bool, fuse: int) -> tuple[Callable, Callable | None]:
+    """The per-step function (eager or compiled) and, for fuse > 1, the K-step compiled call."""
+    if not compiled:
+        return step_function(sde, dt, mode, reduce), None
+    from .compiled import compile_advance, compile_steps  # deferred: importing torch._dynamo takes seconds
+
+    one_step = compile_advance(sde, float(dt), mode, reduce)
+    fused = compile_steps(sde, float(dt), schedule, mode, fuse, reduce) if fuse > 1 else None
+    return one_step, fused
+
+
 def _within(state: State, bound: float | None) -> bool:
     """All of x, x_tilde, theta finite (and |.| <= bound when given): one reduction, one sync."""
     peak = torch.stack([leaf.detach().abs().amax() for leaf in leaves((state.x, state.x_tilde, state.theta))
@@ -203,6 +215,8 @@ def run(
     checkpoint_every: int | None = None,
     metadata: dict | None = None,
     reduce: GradientReduce | None = None,
+    compile: bool = False,
+    fuse: int = 1,
 ) -> tuple[State, History]:
     """Take ``steps`` pure steps of the forward-propagation algorithm from ``state``.
 
@@ -228,6 +242,13 @@ def run(
       checkpoint:     path for ``fwdtrain.save``: written every ``checkpoint_every`` steps (if given),
                       at the end and on KeyboardInterrupt, with ``metadata``.
       reduce:         maps the particle-mean gradient before the update (e.g. an all-reduce).
+      compile:        run each step through ``torch.compile`` (``fwdtrain.compile_advance``): same
+                      maths, no Python dispatch; the first step compiles (seconds), later steps
+                      never recompile. Falls back to eager with a warning if compilation fails.
+      fuse:           K > 1 fuses K steps into one compiled call (``fwdtrain.compile_steps``; implies
+                      compile) wherever K steps fit before the next record, check, callback or
+                      progress update; single compiled steps fill the gaps. Pick K dividing
+                      record_every and check_every (e.g. 4..16: compile time grows with K).
 
     Returns ``(state, history)``. On KeyboardInterrupt the last completed state is returned
     with ``history.interrupted = True`` (and saved when ``checkpoint`` is given).
@@ -248,6 +269,9 @@ def run(
         raise ValueError(f"bound must be a positive number or None, got {bound!r}")
     if progress not in (None, True, False):
         raise TypeError(f"progress must be None (auto), True or False, got {progress!r}")
+    if compile not in (True, False):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
+    fuse = _checks.check_count(fuse, "fuse")
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a fwdtrain.History (from run or load), got {type(history).__name__}")
     if not isinstance(state, State):
@@ -300,7 +324,7 @@ def run(
     else:
         alpha = torch.as_tensor(lr, dtype=dtype, device=device).clone()
         schedule = lambda t: alpha  # noqa: E731
-    one_step = step_function(sde, dt, resolved, reduce)
+    one_step, fused = _kernels(sde, dt, resolved, reduce, schedule, compile or fuse > 1, fuse)
 
     # ---- the loop ----
     end = start + steps
@@ -369,9 +393,21 @@ def run(
     try:
         try:
             while carry.n < end:
-                for dw in source.draw(min(chunk, end - carry.n)):
-                    new, info = one_step(carry.state, dw, schedule(carry.state.t))
-                    carry = _Carry(new, carry.n + 1, carry.total + info.cost, info)
+                block = source.draw(min(chunk, end - carry.n))
+                i = 0
+                while i < len(block):
+                    if fused is not None and next_event - carry.n >= fuse and len(block) - i >= fuse:
+                        new, infos = fused(carry.state, block[i:i + fuse])
+                        total = carry.total
+                        for cost in infos.cost:  # the same float64 sum, one step at a time
+                            total = total + cost
+                        info = StepInfo(infos.cost[-1], tree_map(lambda g: g[-1], infos.gradient))
+                        carry = _Carry(new, carry.n + fuse, total, info)
+                        i += fuse
+                    else:
+                        new, info = one_step(carry.state, block[i], schedule(carry.state.t))
+                        carry = _Carry(new, carry.n + 1, carry.total + info.cost, info)
+                        i += 1
                     if carry.n == next_event:
                         next_event = on_event(carry)
         except KeyboardInterrupt:

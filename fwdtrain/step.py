@@ -10,6 +10,7 @@ where D is the total derivative along the sensitivity (see ``sensitivity``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Union
 
 import torch
@@ -111,16 +112,36 @@ def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any
     _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
 
 
+@functools.cache
+def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
+    """``advance`` under torch.compile, built on first use; torch keeps one graph per (sde, dt, mode)."""
+    from .compiled import STEP_OPTIONS, _canonical_strides, _CompiledOrEager
+
+    def kernel(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor, mode: str):
+        new_state, info = advance(sde, state, dw, dt, alpha, mode)
+        return _canonical_strides(new_state), info
+
+    return _CompiledOrEager(kernel, "step", "inductor", STEP_OPTIONS)
+
+
 def step_with_info(
-    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto"
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
+    compile: bool = False,
 ) -> tuple[State, StepInfo]:
     """``step`` that also returns the particle-mean cost and gradient estimate at time n."""
     check_step_inputs(sde, state, dw, dt, lr)
     resolved = _resolve_mode(mode, state, dw.shape[1])
-    return advance(sde, state, dw, dt, learning_rate(lr, state.t), resolved)
+    alpha = learning_rate(lr, state.t)
+    if not compile:
+        return advance(sde, state, dw, dt, alpha, resolved)
+    alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
+    return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved)
 
 
-def step(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto") -> State:
+def step(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
+    compile: bool = False,
+) -> State:
     """One pure Euler-Maruyama step of the forward-propagation algorithm.
 
     Args:
@@ -130,7 +151,10 @@ def step(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *,
       dt:    the step h > 0.
       lr:    the learning rate alpha: a number or a schedule t -> alpha(t).
       mode:  "reverse" (jacrev), "forward" (jacfwd) or "auto" (the cheaper by shape).
+      compile: run the step through ``torch.compile`` (the first call per problem and dt
+             compiles, for seconds; later calls reuse the graph). In a loop of your own,
+             ``fwdtrain.compile_advance`` or ``run(..., compile=True)`` is the direct route.
 
     Returns the new ``State``; no tensor in it requires grad or has a grad_fn.
     """
-    return step_with_info(sde, state, dw, dt, lr, mode=mode)[0]
+    return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile)[0]

@@ -90,3 +90,27 @@ def test_mode_must_be_resolved():
     ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
     with pytest.raises(ValueError, match="mode must be 'reverse' or 'forward'"):
         compile_advance(ex.sde, DT, "auto")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_run_with_compile_and_fuse_equals_eager_run():
+    """run(fuse=4): fused calls between events, single compiled steps to reach them (record_every=10)."""
+    ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=PARTICLES)
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=PARTICLES)
+    options = dict(record_every=10, check_every=10, seed=3, mode="reverse")
+    eager, eager_history = ft.run(ex.sde, state, 26, DT, ex.lr, **options)
+    fused, fused_history = ft.run(ex.sde, state, 26, DT, ex.lr, fuse=4, **options)
+    assert_trees_close(fused, eager)
+    for name in ("step", "t", "cost", "grad_norm", "average_cost", "theta"):
+        assert_trees_close(getattr(fused_history, name), getattr(eager_history, name))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_step_with_compile_equals_eager_step(problem):
+    sde, state, noise = problem
+    compiled, eager = state, state
+    for dw in noise[:3]:
+        compiled = ft.step(sde, compiled, dw, DT, ft.schedules.inverse_time(1.0), mode="reverse", compile=True)
+        eager = ft.step(sde, eager, dw, DT, ft.schedules.inverse_time(1.0), mode="reverse")
+    assert_trees_close(compiled, eager)
+    assert all(leaf.grad_fn is None for leaf in leaves(compiled))
