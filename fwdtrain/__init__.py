@@ -4,7 +4,7 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import examples, schedules
+from . import calibration, examples, schedules, sgdct
 from .driver import History, run
 from .evaluate import CostEstimate, stationary_cost
 from .model import Model, functional, mlp
@@ -18,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
     "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
-    "linearise", "stationary_cost", "schedules", "examples",
+    "linearise", "stationary_cost", "schedules", "examples", "calibration", "sgdct",
 ]
