@@ -102,8 +102,8 @@ def run_case(case: Case, quick: bool) -> list[dict]:
         error = _relative(metric, value, reference)
         tolerance = case.tolerances.get(metric)
         rows.append({"problem": case.name, "metric": metric, "result": float(value), "reference": float(reference),
-                     "rel_error": error, "tolerance": tolerance, "steps": example.steps, "wall_s": wall,
-                     "ok": tolerance is None or error <= tolerance})
+                     "rel_error": float(error), "tolerance": tolerance, "steps": example.steps, "wall_s": wall,
+                     "ok": bool(tolerance is None or error <= tolerance)})
     return rows
 
 

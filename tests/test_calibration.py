@@ -1,8 +1,6 @@
 """Calibration of stationary distributions: the two-group gradient is unbiased and needs the diffusion
 sensitivity; training recovers the OU closed form and the double well's parameters."""
 
-import math
-
 import pytest
 import torch
 
