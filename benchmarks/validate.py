@@ -41,10 +41,11 @@ class Case(NamedTuple):
     extra: Callable[[Any, bool], dict] | None = None  # (example, quick) -> {metric: (value, reference)}
 
 
-def _lqr(dim: int, control: str, particles: int, steps: int):
+def _lqr(dim: int, control: str, particles: int, steps: int, decay: float = 15.0):
     def build(quick: bool):
         return lqr_nd(dim=dim, control=control, particles=4 if quick else particles, dt=0.02,
-                      steps=20 if quick else steps, lr=3.0 if control == "linear" else 1.0, dtype=torch.float32)
+                      steps=20 if quick else steps, lr=3.0 if control == "linear" else 1.0, decay=decay,
+                      dtype=torch.float32)
     return build
 
 
@@ -64,7 +65,8 @@ def _noisy_grid(example, quick: bool) -> dict:
 CASES = [
     Case("lqr-d2-linear", _lqr(2, "linear", 256, 7500), {"cost": 0.02, "gain_error": 0.05}),
     Case("lqr-d5-linear", _lqr(5, "linear", 256, 7500), {"cost": 0.02, "gain_error": 0.05}),
-    Case("lqr-d10-linear", _lqr(10, "linear", 32, 7500), {"cost": 0.02, "gain_error": 0.05}),
+    # d = 10 needs more particle-time: 32 particles for t = 150 left a 9.4% gain error (cost 0.2% off)
+    Case("lqr-d10-linear", _lqr(10, "linear", 64, 30_000, decay=10.0), {"cost": 0.02, "gain_error": 0.05}),
     Case("lqr-d2-mlp", _lqr(2, "mlp", 64, 7500), {"cost": 0.02, "gain_error": 0.10}),
     Case("noisy-control", lambda quick: noisy_control(particles=4 if quick else 64, steps=20 if quick else 20_000),
          {"gain": 0.05, "cost": 0.005, "gain (grid search)": 0.05}, _noisy_grid),
