@@ -4,7 +4,7 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import distributed, examples, noise, schedules
+from . import calibration, distributed, examples, noise, schedules, sgdct
 from .checkpoint import Checkpoint, load, save
 from .compiled import compile_advance, compile_steps
 from .driver import History, run, step_function
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
     "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
-    "linearise", "stationary_cost", "schedules", "examples", "distributed",
+    "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps",
 ]

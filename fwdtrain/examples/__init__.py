@@ -1,14 +1,29 @@
 """Built-in problems. Each returns an ``Example``: the SDE, a starting point, defaults that train,
-and what is known about the optimum. ``REGISTRY`` maps command-line names to the builders."""
+and what is known about the optimum. ``REGISTRY`` maps command-line names to the builders.
+
+Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own). Examples whose
+``train`` is set (calibration, SGDCT) are trained by ``example.train(state, steps, seed)`` instead of the
+cost-form ``fwdtrain.run``."""
 
 from typing import Callable
 
 from ._example import Example
+from .calibration import double_well_calibration, double_well_moments, ou_calibration
 from .lqr import linear_control_cost, linear_slope, lqr_1d
+from .lqr_nd import LQR, lqr_nd, lqr_problem, random_lqr, riccati
+from .noisy import noisy_control, noisy_cost, noisy_optimal_gain
+from .sgdct_ou import ou_path, sgdct_ou
 
 REGISTRY: dict[str, Callable[..., Example]] = {
     "lqr-1d": lqr_1d,
+    "lqr-nd": lqr_nd,
+    "noisy-control": noisy_control,
+    "ou-calibration": ou_calibration,
+    "double-well-calibration": double_well_calibration,
+    "sgdct-ou": sgdct_ou,
 }
 DEFAULT = "lqr-1d"
 
-__all__ = ["Example", "REGISTRY", "DEFAULT", "lqr_1d", "linear_slope", "linear_control_cost"]
+__all__ = ["Example", "REGISTRY", "DEFAULT", "lqr_1d", "linear_slope", "linear_control_cost", "LQR", "lqr_nd",
+           "lqr_problem", "random_lqr", "riccati", "noisy_control", "noisy_cost", "noisy_optimal_gain",
+           "ou_calibration", "double_well_calibration", "double_well_moments", "sgdct_ou", "ou_path"]

@@ -15,6 +15,12 @@ class Example(NamedTuple):
     ``evaluate(theta)`` measures the same quantities for a trained theta (it may
     simulate, e.g. a stationary cost with theta frozen), so that a driver can print
     learned against reference side by side.
+
+    ``train`` is None for problems trained by the cost-form step (``fwdtrain.run(sde, ...)``).
+    Problems trained by another algorithm (calibration, SGDCT) set it to
+    ``train(state, steps, seed) -> (state, fwdtrain.History)``, which uses the example's dt and lr;
+    ``state`` starts as ``fwdtrain.init(sde, theta, x0, particles)`` and the returned one has
+    ``.theta`` and ``.t``.
     """
 
     name: str
@@ -27,3 +33,4 @@ class Example(NamedTuple):
     lr: LearningRate
     reference: dict[str, float]
     evaluate: Callable[[Any], dict[str, float]]
+    train: Callable[..., tuple[Any, Any]] | None = None

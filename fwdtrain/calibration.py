@@ -1,0 +1,202 @@
+"""Online calibration of an SDE's stationary distribution: objectives nonlinear in expectations.
+
+    dX = mu(X, theta) dt + sigma(X, theta) dW,      phi(theta, x) in R^k (observables)
+    J(theta) = sum_j w_j (E_theta[phi_j(X)] - m_j)^2,   E_theta the stationary expectation
+    grad J   = 2 sum_j w_j (E phi_j - m_j) dE[phi_j]/dtheta,   dE[phi_j]/dtheta = lim_t E[D phi_j(X_t)]
+
+with D phi = phi_x Xtilde + phi_theta the total derivative along the sensitivity
+(``fwdtrain.sensitivity``). The gradient is a product of two expectations; the
+mean of a product of estimates taken from the same particles is biased by their
+covariance (Cov(phi, D phi) / N per step, which time averaging does not remove),
+so the step splits the N particles into two independent halves A and B:
+
+    G = sum_j w_j [ (phibar_j^A - m_j) Dphibar_j^B + (phibar_j^B - m_j) Dphibar_j^A ]
+
+With theta fixed the halves are driven by independent noise, so each product is an
+unbiased estimate of (E phi_j - m_j) dE[phi_j]/dtheta and G of grad J. (A running
+average of phi would also work, but it lags theta and needs its own time scale; the
+split needs nothing and costs no extra particles beyond an even N.)
+X and Xtilde are advanced exactly as in ``fwdtrain.step``; theta <- theta - alpha h G.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from . import _checks
+from ._tree import squared_norm, tree_map
+from .driver import NOISE_BLOCK, History, brownian_increments
+from .problem import SDE, Coefficients, Theta
+from .sensitivity import MODES, Mode, choose_mode, linearise_particles
+from .state import State, init as _init_state, noise_dim
+from .step import LearningRate, _noise, _noise_sensitivity, check_step_inputs, learning_rate
+
+Observables = Callable[[Theta, torch.Tensor], torch.Tensor]
+
+
+class Calibration(NamedTuple):
+    """What to calibrate: the SDE (its ``cost`` is not used), observables phi(theta, x) -> (k,), targets m (k,)
+    and weights w (k,)."""
+
+    sde: SDE
+    observables: Observables
+    targets: torch.Tensor
+    weights: torch.Tensor
+
+
+class CalibrationInfo(NamedTuple):
+    """At time n: ``moments`` (k,) particle means of phi; ``objective`` the unbiased two-group estimate
+    sum_j w_j (phibar_j^A - m_j)(phibar_j^B - m_j) of J; ``gradient`` G (a pytree like theta)."""
+
+    moments: torch.Tensor
+    objective: torch.Tensor
+    gradient: Any
+
+
+def _zero_cost(theta: Theta, x: torch.Tensor) -> torch.Tensor:
+    return x.sum() * 0
+
+
+def calibration(drift, diffusion, observables: Observables, targets, weights=None) -> Calibration:
+    """Build a ``Calibration`` from drift(theta, x), diffusion(theta, x), phi(theta, x) and targets (k,).
+
+    weights default to ones. targets and weights are cast to the parameters' dtype when used.
+    """
+    if not callable(observables):
+        raise TypeError(f"observables must be a function (theta, x) -> (k,) tensor, got {type(observables).__name__}")
+    targets = torch.as_tensor(targets)
+    if targets.ndim != 1 or targets.numel() == 0:
+        raise ValueError(f"targets must be a non-empty 1-d tensor (one per observable), got shape {tuple(targets.shape)}")
+    weights = torch.ones_like(targets) if weights is None else torch.as_tensor(weights, dtype=targets.dtype)
+    if weights.shape != targets.shape or bool((weights < 0).any()):
+        raise ValueError(f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, "
+                         f"got {weights.tolist()}")
+    return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights)
+
+
+def _coefficients(problem: Calibration):
+    def coefficients(theta: Theta, x: torch.Tensor) -> Coefficients:
+        return Coefficients(problem.sde.drift(theta, x), problem.sde.diffusion(theta, x), problem.observables(theta, x))
+    return coefficients
+
+
+def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None) -> State:
+    """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,)."""
+    if not isinstance(problem, Calibration):
+        raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
+    state = _init_state(problem.sde, theta, x0, particles)
+    if state.particles % 2:
+        raise ValueError(f"a calibration needs an even number of particles (two independent halves), "
+                         f"got {state.particles}")
+    phi = problem.observables(state.theta, state.x[0])
+    if not isinstance(phi, torch.Tensor) or phi.shape != problem.targets.shape:
+        raise ValueError(f"observables returned {tuple(getattr(phi, 'shape', ()))} but targets have shape "
+                         f"{tuple(problem.targets.shape)}")
+    return state
+
+
+def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha: Any,
+            mode: str) -> tuple[State, CalibrationInfo]:
+    """The calibration step without input checks (see the module docstring)."""
+    with torch.no_grad():
+        value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
+        diagonal = value.sigma.ndim == 2
+        x = state.x + value.mu * dt + _noise(value.sigma, dw)
+        x_tilde = tree_map(
+            lambda xt, d_mu, d_sigma: xt + d_mu * dt + _noise_sensitivity(d_sigma, dw, diagonal),
+            state.x_tilde, total.mu, total.sigma,
+        )
+        half = state.particles // 2
+        targets = problem.targets.to(value.cost)
+        weights = problem.weights.to(value.cost)
+        error_a = value.cost[:half].mean(0) - targets
+        error_b = value.cost[half:].mean(0) - targets
+
+        def gradient_leaf(d_phi: torch.Tensor) -> torch.Tensor:  # (N, k, *s) -> (*s)
+            mean_a, mean_b = d_phi[:half].mean(0), d_phi[half:].mean(0)
+            return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
+
+        gradient = tree_map(gradient_leaf, total.cost)
+        theta = tree_map(lambda th, g: th - (alpha * dt) * g, state.theta, gradient)
+        info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
+    return State(x, x_tilde, theta, state.t + dt), info
+
+
+def _resolve(problem: Calibration, state: State, mode: Mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return choose_mode(mode, state.theta, _coefficients(problem)(state.theta, state.x[0]))
+
+
+def _check(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
+    if not isinstance(problem, Calibration):
+        raise TypeError(f"expected a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
+    check_step_inputs(problem.sde, state, dw, dt, lr)
+    if state.particles % 2:
+        raise ValueError(f"a calibration needs an even number of particles, got {state.particles}")
+    m = noise_dim(problem.sde, state.theta, state.x)
+    if dw.shape[1] != m:
+        raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, {m})")
+
+
+def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
+                   *, mode: Mode = "auto") -> tuple[State, CalibrationInfo]:
+    """One pure calibration step and its ``CalibrationInfo`` at time n."""
+    _check(problem, state, dw, dt, lr)
+    return advance(problem, state, dw, dt, learning_rate(lr, state.t), _resolve(problem, state, mode))
+
+
+def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
+         *, mode: Mode = "auto") -> State:
+    """One pure Euler-Maruyama calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring)."""
+    return step_with_info(problem, state, dw, dt, lr, mode=mode)[0]
+
+
+def run(problem: Calibration, state: State, steps: int, dt: float, lr: LearningRate, seed: int = 0,
+        *, record_every: int = 100, mode: Mode = "auto") -> tuple[State, History]:
+    """``steps`` calibration steps with seeded noise (the noise stream of ``fwdtrain.run``).
+
+    Returns the final state and a ``fwdtrain.History`` whose ``cost`` is the two-group estimate of
+    J averaged since the previous record and ``grad_norm`` |G| at the record.
+    """
+    steps = _checks.check_count(steps, "steps", minimum=0)
+    record_every = _checks.check_count(record_every, "record_every")
+    m = noise_dim(problem.sde, state.theta, state.x)
+    dtype, device = state.x.dtype, state.x.device
+    _check(problem, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
+    resolved = _resolve(problem, state, mode)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
+    objective_sum, count, n = 0.0, 0, 0
+    while n < steps:
+        block = brownian_increments(generator, NOISE_BLOCK, (state.particles, m), dt, dtype, device)
+        for dw in block[: steps - n]:
+            state, info = advance(problem, state, dw, dt, learning_rate(lr, state.t), resolved)
+            n += 1
+            objective_sum, count = objective_sum + info.objective, count + 1
+            if n % record_every == 0 or n == steps:
+                records["step"].append(n)
+                records["t"].append(state.t)
+                records["cost"].append(objective_sum / count)
+                records["grad_norm"].append(squared_norm(info.gradient).sqrt())
+                records["theta"].append(state.theta)
+                objective_sum, count = 0.0, 0
+    return state, _history(records, state.theta, dtype)
+
+
+def _history(records: dict[str, list], theta: Theta, dtype: torch.dtype) -> History:
+    def stacked(name: str) -> torch.Tensor:
+        return torch.stack(records[name]) if records[name] else torch.zeros(0, dtype=dtype)
+
+    return History(
+        step=torch.tensor(records["step"], dtype=torch.long),
+        t=stacked("t"), cost=stacked("cost"), grad_norm=stacked("grad_norm"),
+        theta=tree_map(lambda *xs: torch.stack(xs), *records["theta"]) if records["theta"]
+        else tree_map(lambda leaf: leaf[None][:0], theta),
+    )
+
+
+__all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step",
+           "step_with_info", "advance", "run"]

@@ -1,0 +1,159 @@
+"""Stochastic gradient descent in continuous time (Sirignano & Spiliopoulos): drift estimation from a path.
+
+Given an observed path of dX = mu*(X) dt + sigma(X) dW and a model drift mu(x, theta),
+the online estimator follows the gradient of the continuous-time log-likelihood:
+
+    dtheta = alpha_t (d mu(X_t; theta) / d theta)' (sigma sigma')^{-1}(X_t) (dX_t - mu(X_t; theta) dt)
+
+discretised on the observation grid: with residual r_n = dX_n - mu(X_n; theta_n) h,
+
+    theta_{n+1} = theta_n + alpha(t_n) J_n' a_n^{-1} r_n,   J_n = d mu / d theta at (X_n, theta_n), a = sigma sigma'
+
+J' v is one vector-Jacobian product of the drift (``torch.func.vjp``): no Jacobian is formed.
+The model is an ``fwdtrain.SDE``: its drift(theta, x) is estimated, its diffusion(theta, x) is the
+(known) noise and is not differentiated, its cost is not used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch.func import vjp, vmap
+
+from . import _checks
+from ._tree import squared_norm, tree_map
+from .driver import History
+from .problem import SDE, Theta
+from .state import evaluate_once
+from .step import LearningRate, learning_rate
+
+
+class SGDCTState(NamedTuple):
+    """theta (a pytree of tensors) and the time t (0-d tensor) of the estimator."""
+
+    theta: Theta
+    t: torch.Tensor
+
+
+class SGDCTInfo(NamedTuple):
+    """At step n: ``loss`` = r' a^{-1} r / (2 h) (the negative log-likelihood increment up to constants)
+    and ``direction`` = J' a^{-1} r / h (the ascent direction, a pytree like theta)."""
+
+    loss: torch.Tensor
+    direction: Any
+
+
+def init(theta: Theta) -> SGDCTState:
+    """The estimator at t = 0 with a copy of theta."""
+    dtype, device = _checks.check_theta(theta)
+    return SGDCTState(tree_map(lambda leaf: leaf.detach().clone(), theta), torch.zeros((), dtype=dtype, device=device))
+
+
+def _weighted_residual(sigma: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """a^{-1} r with a = sigma sigma' (sigma (d, m) full or (d,) diagonal)."""
+    if sigma.ndim == 1:
+        return residual / sigma.square()
+    return torch.linalg.solve(sigma @ sigma.T, residual)
+
+
+def _one_path(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any) -> tuple[Any, torch.Tensor]:
+    """(J' a^{-1} r, r' a^{-1} r) for one observation x (d,) and increment dx (d,)."""
+    mu, pullback = vjp(lambda th: sde.drift(th, x), theta)
+    residual = dx - mu * dt
+    weighted = _weighted_residual(sde.diffusion(theta, x), residual)
+    (ascent,) = pullback(weighted)
+    return ascent, (residual * weighted).sum()
+
+
+def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
+            alpha: Any) -> tuple[SGDCTState, SGDCTInfo]:
+    """One SGDCT step without input checks (see the module docstring).
+
+    x, dx (d,): one path; (P, d): P independent paths observed together, whose updates are averaged.
+    """
+    with torch.no_grad():
+        if x.ndim == 1:
+            ascent, quadratic = _one_path(sde, state.theta, x, dx, dt)
+        else:
+            ascent, quadratic = vmap(lambda xi, dxi: _one_path(sde, state.theta, xi, dxi, dt))(x, dx)
+            ascent, quadratic = tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
+        theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
+        info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
+    return SGDCTState(theta, state.t + dt), info
+
+
+def _check(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any) -> None:
+    if not isinstance(sde, SDE):
+        raise TypeError(f"sgdct expects a fwdtrain.SDE (its drift is estimated), got {type(sde).__name__}")
+    if not isinstance(state, SGDCTState):
+        raise TypeError(f"state must be a fwdtrain.sgdct.SGDCTState (from sgdct.init), got {type(state).__name__}")
+    dtype, device = _checks.check_theta(state.theta, "state.theta")
+    _checks.check_dt(dt)
+    _checks.check_lr(lr)
+    x = _checks.check_tensor(x, "x", dtype, device)
+    dx = _checks.check_tensor(dx, "dx", dtype, device)
+    if x.ndim not in (1, 2) or dx.shape != x.shape:
+        raise ValueError(f"x and dx must be an observation and its increment, both of shape (d,) "
+                         f"(or (paths, d)); got {tuple(x.shape)} and {tuple(dx.shape)}")
+    evaluate_once(sde, state.theta, x if x.ndim == 1 else x[0], name="x")
+
+
+def step_with_info(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
+                   lr: LearningRate) -> tuple[SGDCTState, SGDCTInfo]:
+    """``step`` that also returns the ``SGDCTInfo`` at step n."""
+    _check(sde, state, x, dx, dt, lr)
+    return advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
+
+
+def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate) -> SGDCTState:
+    """One pure SGDCT update from the observation x = X_n (d,) and its increment dx = X_{n+1} - X_n (d,).
+
+    With x, dx of shape (P, d) (P independent paths of the same SDE) the P updates are averaged.
+    """
+    return step_with_info(sde, state, x, dx, dt, lr)[0]
+
+
+def fit(sde: SDE, state: SGDCTState, x0: torch.Tensor, increments: torch.Tensor, dt: float, lr: LearningRate,
+        *, record_every: int = 1000) -> tuple[SGDCTState, History]:
+    """Run SGDCT along the path X_0 = x0, X_{n+1} = X_n + increments[n] (increments (n, d), step dt).
+
+    x0 (P, d) with increments (n, P, d): P independent paths, their updates averaged.
+
+    Returns the final state and a ``fwdtrain.History`` (cost: the mean ``loss`` since the previous
+    record; grad_norm: |direction| at the record).
+    """
+    record_every = _checks.check_count(record_every, "record_every")
+    if not isinstance(x0, torch.Tensor):
+        raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
+    if not isinstance(increments, torch.Tensor) or increments.ndim != x0.ndim + 1 \
+            or increments.shape[1:] != x0.shape:
+        raise ValueError(f"increments must have shape (n, *x0.shape) = (n, {', '.join(map(str, x0.shape))}), "
+                         f"got {tuple(getattr(increments, 'shape', ()))}")
+    if increments.shape[0] == 0:
+        raise ValueError("increments is empty: pass at least one observed increment")
+    _check(sde, state, x0, increments[0], dt, lr)
+    dtype = x0.dtype
+    _checks.check_tensor(increments, "increments", dtype, x0.device)
+    records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
+    x, loss_sum, count = x0, 0.0, 0
+    for n, dx in enumerate(increments, start=1):
+        state, info = advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
+        x = x + dx
+        loss_sum, count = loss_sum + info.loss, count + 1
+        if n % record_every == 0 or n == increments.shape[0]:
+            records["step"].append(n)
+            records["t"].append(state.t)
+            records["cost"].append(loss_sum / count)
+            records["grad_norm"].append(squared_norm(info.direction).sqrt())
+            records["theta"].append(state.theta)
+            loss_sum, count = 0.0, 0
+    history = History(
+        step=torch.tensor(records["step"], dtype=torch.long), t=torch.stack(records["t"]),
+        cost=torch.stack(records["cost"]), grad_norm=torch.stack(records["grad_norm"]),
+        theta=tree_map(lambda *xs: torch.stack(xs), *records["theta"]),
+    )
+    return state, history
+
+
+__all__ = ["SGDCTState", "SGDCTInfo", "init", "step", "step_with_info", "advance", "fit"]
