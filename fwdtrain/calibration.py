@@ -27,7 +27,8 @@ import torch
 
 from . import _checks
 from ._tree import squared_norm, tree_map
-from .driver import NOISE_BLOCK, History, brownian_increments
+from .driver import History
+from .noise import BrownianNoise
 from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
 from .state import State, init as _init_state, noise_dim
@@ -119,7 +120,7 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
             return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
 
         gradient = tree_map(gradient_leaf, total.cost)
-        theta = tree_map(lambda th, g: th - (alpha * dt) * g, state.theta, gradient)
+        theta = tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), state.theta, gradient)
         info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
     return State(x, x_tilde, theta, state.t + dt), info
 
@@ -167,12 +168,11 @@ def run(problem: Calibration, state: State, steps: int, dt: float, lr: LearningR
     dtype, device = state.x.dtype, state.x.device
     _check(problem, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
     resolved = _resolve(problem, state, mode)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    source = BrownianNoise((state.particles, m), dt, seed=seed, dtype=dtype, device=device)
     records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
     objective_sum, count, n = 0.0, 0, 0
     while n < steps:
-        block = brownian_increments(generator, NOISE_BLOCK, (state.particles, m), dt, dtype, device)
-        for dw in block[: steps - n]:
+        for dw in source.draw(min(1024, steps - n)):
             state, info = advance(problem, state, dw, dt, learning_rate(lr, state.t), resolved)
             n += 1
             objective_sum, count = objective_sum + info.objective, count + 1

@@ -87,6 +87,9 @@ def _options() -> argparse.ArgumentParser:
     add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
     add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
+    add("--compile", action="store_true", help="run each step through torch.compile (compiles for seconds first)")
+    add("--fuse", type=_positive_int, default=1, metavar="K", help="fuse K steps into one compiled call "
+        "(implies --compile; K dividing --record-every, e.g. 4 to 16)")
     add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every --checkpoint-every steps")
     add("--checkpoint-every", type=_positive_int, default=10_000, metavar="STEPS", help="default 10000")
     add("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
@@ -135,6 +138,18 @@ def _learning_rate(example, lr: float | None, name: str | None, offset: float):
                          f"choose a --schedule as well")
     factor = base / own0
     return (lambda t: own(t) * factor), base
+
+
+def _check_own_trainer(args: argparse.Namespace, problem: str, grouped: bool) -> None:
+    """Problems trained by their own algorithm take their own dt and schedule, in one process."""
+    refused = [flag for flag, given in (("--lr", args.lr is not None), ("--schedule", args.schedule),
+                                        ("--lr-offset", args.lr_offset), ("--checkpoint", args.checkpoint),
+                                        ("--resume", args.resume), ("--compile", args.compile),
+                                        ("--fuse", args.fuse > 1), ("torchrun", grouped)) if given]
+    if refused:
+        raise ValueError(f"{problem} is trained by its own algorithm (example.train), which does not take "
+                         f"{', '.join(refused)}; set the learning rate through fwdtrain.examples.REGISTRY"
+                         f"[{problem!r}](lr=...) from Python")
 
 
 def _relative_error(learned: float, reference: float) -> float:
@@ -196,9 +211,16 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     if grouped:
         metadata["world_size"] = size
     progress = False if args.no_progress or args.json else None
+    compiled = {"compile": args.compile or args.fuse > 1, "fuse": args.fuse}
+    if example.train is not None:
+        _check_own_trainer(args, problem, grouped)
+    elif grouped and compiled["compile"]:
+        raise ValueError("--compile and --fuse are not supported under torchrun yet; drop them")
     start = time.perf_counter()
     try:
-        if grouped:  # the same run on every rank; the group's gradient, per-rank noise
+        if example.train is not None:  # a problem with its own algorithm (calibration, SGDCT)
+            state, history = example.train(state, remaining, options.get("seed", 0), record_every=args.record_every)
+        elif grouped:  # the same run on every rank; the group's gradient, per-rank noise
             state, history = distributed.distributed_run(
                 example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
                 record_every=args.record_every, check_every=min(100, args.record_every), progress=progress,
@@ -207,7 +229,7 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0),
                                  history=history, record_every=args.record_every, progress=progress,
                                  checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                                 metadata=metadata)
+                                 metadata=metadata, **compiled)
     except DivergenceError as error:
         if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
             save(args.checkpoint, error.state, error.history, metadata=metadata)

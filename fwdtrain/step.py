@@ -87,7 +87,7 @@ def advance(
         gradient = tree_map(lambda g: g.mean(0), total.cost)
         if reduce is not None:
             gradient = reduce(gradient)
-        theta = tree_map(lambda th, g: th - (alpha * dt) * g, state.theta, gradient)
+        theta = tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), state.theta, gradient)
         new_state = State(x, x_tilde, theta, state.t + dt)
     return new_state, StepInfo(value.cost.mean(), gradient)
 

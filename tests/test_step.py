@@ -107,6 +107,14 @@ def test_dtype_is_kept(dtype):
     assert new.t.dtype == torch.float64  # the clock is float64 so that it does not drift
 
 
+def test_scalar_parameters_keep_their_dtype_under_a_float64_clock():
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x ** 2).sum())
+    state = ft.init(sde, {"k": torch.tensor(1.0)}, torch.ones(1), particles=2)
+    new = ft.step(sde, state, torch.ones(2, 1) * 0.1, DT, ft.schedules.inverse_time(1.0))
+    assert new.theta["k"].dtype == torch.float32 and new.theta["k"].shape == ()
+    assert not torch.equal(new.theta["k"], state.theta["k"])
+
+
 def test_float32_clock_does_not_drift():
     ex = ft.examples.lqr_1d(particles=1)
     state = ft.init(ex.sde, ex.theta, ex.x0)
