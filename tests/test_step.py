@@ -108,7 +108,8 @@ def test_dtype_is_kept(dtype):
 
 
 def test_scalar_parameters_keep_their_dtype_under_a_float64_clock():
-    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x ** 2).sum())
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x),
+                 lambda th, x: (x ** 2).sum() + th["k"] ** 2)
     state = ft.init(sde, {"k": torch.tensor(1.0)}, torch.ones(1), particles=2)
     new = ft.step(sde, state, torch.ones(2, 1) * 0.1, DT, ft.schedules.inverse_time(1.0))
     assert new.theta["k"].dtype == torch.float32 and new.theta["k"].shape == ()
