@@ -16,23 +16,25 @@ With theta fixed the halves are driven by independent noise, so each product is 
 unbiased estimate of (E phi_j - m_j) dE[phi_j]/dtheta and G of grad J. (A running
 average of phi would also work, but it lags theta and needs its own time scale; the
 split needs nothing and costs no extra particles beyond an even N.)
-X and Xtilde are advanced exactly as in ``fwdtrain.step``; theta <- theta - alpha h G.
+X and Xtilde are advanced by the same Euler-Maruyama update as in ``fwdtrain.step``;
+theta <- theta - alpha h G. Training runs through ``fwdtrain.run``, which accepts a
+``Calibration`` in place of an SDE (``run`` below is that call).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
-from . import _checks
-from ._tree import squared_norm, tree_map
-from .driver import History
-from .noise import BrownianNoise
+from ._tree import tree_map
 from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
 from .state import State, init as _init_state, noise_dim
-from .step import LearningRate, _noise, _noise_sensitivity, check_step_inputs, learning_rate
+from .step import GradientReduce, LearningRate, _descend, _euler, check_step_inputs, learning_rate
+
+if TYPE_CHECKING:
+    from .driver import History
 
 Observables = Callable[[Theta, torch.Tensor], torch.Tensor]
 
@@ -99,16 +101,14 @@ def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | 
 
 
 def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha: Any,
-            mode: str) -> tuple[State, CalibrationInfo]:
-    """The calibration step without input checks (see the module docstring)."""
+            mode: str, reduce: GradientReduce | None = None) -> tuple[State, CalibrationInfo]:
+    """The calibration step without input checks (see the module docstring).
+
+    ``reduce`` maps G before the update (as in ``fwdtrain.step.advance``); None keeps it.
+    """
     with torch.no_grad():
         value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
-        diagonal = value.sigma.ndim == 2
-        x = state.x + value.mu * dt + _noise(value.sigma, dw)
-        x_tilde = tree_map(
-            lambda xt, d_mu, d_sigma: xt + d_mu * dt + _noise_sensitivity(d_sigma, dw, diagonal),
-            state.x_tilde, total.mu, total.sigma,
-        )
+        x, x_tilde = _euler(state, value, total, dw, dt)
         half = state.particles // 2
         targets = problem.targets.to(value.cost)
         weights = problem.weights.to(value.cost)
@@ -120,7 +120,9 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
             return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
 
         gradient = tree_map(gradient_leaf, total.cost)
-        theta = tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), state.theta, gradient)
+        if reduce is not None:
+            gradient = reduce(gradient)
+        theta = _descend(state.theta, gradient, alpha, dt)
         info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
     return State(x, x_tilde, theta, state.t + dt), info
 
@@ -156,46 +158,16 @@ def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: Lear
 
 
 def run(problem: Calibration, state: State, steps: int, dt: float, lr: LearningRate, seed: int = 0,
-        *, record_every: int = 100, mode: Mode = "auto") -> tuple[State, History]:
-    """``steps`` calibration steps with seeded noise (the noise stream of ``fwdtrain.run``).
+        **options: Any) -> tuple[State, History]:
+    """``fwdtrain.run(problem, state, steps, dt, lr, seed, **options)``: train a calibration.
 
-    Returns the final state and a ``fwdtrain.History`` whose ``cost`` is the two-group estimate of
-    J averaged since the previous record and ``grad_norm`` |G| at the record.
+    The returned ``fwdtrain.History`` records the two-group estimate of J as ``cost`` (averaged
+    since the previous record) and |G| as ``grad_norm``; noise, checks, checkpoints and the
+    other options are those of ``fwdtrain.run``.
     """
-    steps = _checks.check_count(steps, "steps", minimum=0)
-    record_every = _checks.check_count(record_every, "record_every")
-    m = noise_dim(problem.sde, state.theta, state.x)
-    dtype, device = state.x.dtype, state.x.device
-    _check(problem, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
-    resolved = _resolve(problem, state, mode)
-    source = BrownianNoise((state.particles, m), dt, seed=seed, dtype=dtype, device=device)
-    records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
-    objective_sum, count, n = 0.0, 0, 0
-    while n < steps:
-        for dw in source.draw(min(1024, steps - n)):
-            state, info = advance(problem, state, dw, dt, learning_rate(lr, state.t), resolved)
-            n += 1
-            objective_sum, count = objective_sum + info.objective, count + 1
-            if n % record_every == 0 or n == steps:
-                records["step"].append(n)
-                records["t"].append(state.t)
-                records["cost"].append(objective_sum / count)
-                records["grad_norm"].append(squared_norm(info.gradient).sqrt())
-                records["theta"].append(state.theta)
-                objective_sum, count = 0.0, 0
-    return state, _history(records, state.theta, dtype)
+    from .driver import run as driver_run  # deferred: the driver imports this module
 
-
-def _history(records: dict[str, list], theta: Theta, dtype: torch.dtype) -> History:
-    def stacked(name: str) -> torch.Tensor:
-        return torch.stack(records[name]) if records[name] else torch.zeros(0, dtype=dtype)
-
-    return History(
-        step=torch.tensor(records["step"], dtype=torch.long),
-        t=stacked("t"), cost=stacked("cost"), grad_norm=stacked("grad_norm"),
-        theta=tree_map(lambda *xs: torch.stack(xs), *records["theta"]) if records["theta"]
-        else tree_map(lambda leaf: leaf[None][:0], theta),
-    )
+    return driver_run(problem, state, steps, dt, lr, seed, **options)
 
 
 __all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step",

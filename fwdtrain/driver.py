@@ -14,16 +14,16 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import _checks
+from . import _checks, calibration
 from ._tree import leaves, squared_norm, tree_map
 from .errors import DivergenceError
-from .noise import BLOCK, BrownianNoise, NoiseLike, as_noise
+from .noise import BrownianNoise, NoiseLike, as_noise
 from .problem import SDE
 from .sensitivity import Mode
 from .state import State, noise_dim
 from .step import GradientReduce, LearningRate, StepInfo, _resolve_mode, advance, check_step_inputs
 
-NOISE_BLOCK = BLOCK  # kept for callers of the first driver
+Problem = SDE | calibration.Calibration  # what ``run`` trains: the cost form or a calibration
 
 
 class History(NamedTuple):
@@ -89,23 +89,45 @@ class _Carry(NamedTuple):
     info: StepInfo | None
 
 
-def step_function(sde: SDE, dt: Any, mode: str, reduce: GradientReduce | None = None
+def step_function(sde: Problem, dt: Any, mode: str, reduce: GradientReduce | None = None
                   ) -> Callable[[State, torch.Tensor, torch.Tensor], tuple[State, StepInfo]]:
     """``one_step(state, dw, alpha) -> (state, info)``: ``step.advance`` with the problem bound.
 
-    The driver calls exactly this function once per step; it is the seam where a
-    compiled kernel or a distributed gradient ``reduce`` plugs in.
+    For a ``calibration.Calibration`` it is ``calibration.advance``, its info read as
+    ``StepInfo(cost=objective, gradient=G)``. The driver calls exactly this function once
+    per step; it is the seam where a compiled kernel or a distributed gradient ``reduce`` plugs in.
     """
+    if isinstance(sde, calibration.Calibration):
+        def calibration_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
+            new_state, info = calibration.advance(sde, state, dw, dt, alpha, mode, reduce)
+            return new_state, StepInfo(info.objective, info.gradient)
+        return calibration_step
+
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
         return advance(sde, state, dw, dt, alpha, mode, reduce)
     return one_step
 
 
-def _kernels(sde: SDE, dt: Any, mode: str, reduce: GradientReduce | None, schedule: Callable,
+def _checked(sde: Problem, state: State, dt: Any, lr: Any, mode: Mode) -> tuple[int, str]:
+    """Validate the problem with its own step's checks: (noise dimension m, resolved mode)."""
+    dtype, device = state.x.dtype, state.x.device
+    if isinstance(sde, calibration.Calibration):
+        m = noise_dim(sde.sde, state.theta, state.x)
+        calibration._check(sde, state, torch.zeros((state.particles, m), dtype=dtype, device=device), dt, lr)
+        return m, calibration._resolve(sde, state, mode)
+    m = noise_dim(sde, state.theta, state.x) if isinstance(sde, SDE) else 0
+    check_step_inputs(sde, state, torch.zeros((state.particles, max(m, 1)), dtype=dtype, device=device), dt, lr)
+    return m, _resolve_mode(mode, state, m)
+
+
+def _kernels(sde: Problem, dt: Any, mode: str, reduce: GradientReduce | None, schedule: Callable,
              compiled: bool, fuse: int) -> tuple[Callable, Callable | None]:
     """The per-step function (eager or compiled) and, for fuse > 1, the K-step compiled call."""
     if not compiled:
         return step_function(sde, dt, mode, reduce), None
+    if isinstance(sde, calibration.Calibration):
+        raise ValueError("compile=True and fuse > 1 compile the cost-form step only; "
+                         "train a calibration.Calibration with compile=False and fuse=1")
     from .compiled import compile_advance, compile_steps  # deferred: importing torch._dynamo takes seconds
 
     one_step = compile_advance(sde, float(dt), mode, reduce)
@@ -192,7 +214,7 @@ def _build_history(previous: History | None, records: list, empty_record: Any, c
 
 
 def run(
-    sde: SDE,
+    sde: Problem,
     state: State,
     steps: int,
     dt: float,
@@ -221,7 +243,9 @@ def run(
     """Take ``steps`` pure steps of the forward-propagation algorithm from ``state``.
 
     Args:
-      sde, state, dt, lr, mode: as for ``fwdtrain.step``; lr is evaluated as alpha(t_n) on the 0-d
+      sde, state, dt, lr, mode: as for ``fwdtrain.step``; or ``sde`` a ``calibration.Calibration``
+        (state from ``calibration.init``), trained by ``calibration.advance``: the recorded cost is
+        the two-group estimate of J and the gradient G (compile and fuse are not available). lr is evaluated as alpha(t_n) on the 0-d
         tensor t_n (a number becomes a constant 0-d tensor), so nothing is re-traced per step.
       steps:          steps to take in this call.
       seed:           seed of the default noise, ``BrownianNoise((N, m), dt, seed=seed)`` (blocks of
@@ -276,10 +300,8 @@ def run(
         raise TypeError(f"history must be a fwdtrain.History (from run or load), got {type(history).__name__}")
     if not isinstance(state, State):
         raise TypeError(f"run(sde, state, ...) expects a fwdtrain.State (from fwdtrain.init), got {type(state).__name__}")
-    m = noise_dim(sde, state.theta, state.x) if isinstance(sde, SDE) else 0
     dtype, device = state.x.dtype, state.x.device
-    check_step_inputs(sde, state, torch.zeros((state.particles, max(m, 1)), dtype=dtype, device=device), dt, lr)
-    resolved = _resolve_mode(mode, state, m)
+    m, resolved = _checked(sde, state, dt, lr, mode)
     if not _within(state, bound):
         raise ValueError("the initial state has non-finite entries" + (f" or entries above bound={bound}" if bound else ""))
     record = (lambda s: s.theta) if record is None else record

@@ -17,7 +17,7 @@ import torch
 
 from . import _checks
 from ._tree import leaves, tree_map
-from .problem import SDE
+from .problem import SDE, Coefficients
 from .sensitivity import MODES, Mode, linearise_particles
 from .state import State
 
@@ -63,6 +63,29 @@ def _resolve_mode(mode: Mode, state: State, noise_dim: int) -> str:
 GradientReduce = Callable[[Any], Any]
 
 
+def _euler(state: State, value: Coefficients, total: Coefficients, dw: torch.Tensor, dt: Any
+           ) -> tuple[torch.Tensor, Any]:
+    """The Euler-Maruyama update of the state and its sensitivity, coefficients at time n:
+
+        X_{n+1} = X_n + mu h + sigma dW_n,   Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
+    """
+    diagonal = value.sigma.ndim == 2
+    x = state.x + value.mu * dt + _noise(value.sigma, dw)
+    x_tilde = tree_map(
+        lambda xt, d_mu, d_sigma: xt + d_mu * dt + _noise_sensitivity(d_sigma, dw, diagonal),
+        state.x_tilde, total.mu, total.sigma,
+    )
+    return x, x_tilde
+
+
+def _descend(theta: Any, gradient: Any, alpha: Any, dt: Any) -> Any:
+    """theta_{n+1} = theta_n - alpha h G_n, each leaf kept in its dtype.
+
+    alpha(t_n) from a schedule is float64 like the clock t; it would promote a 0-d leaf.
+    """
+    return tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), theta, gradient)
+
+
 def advance(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
     reduce: GradientReduce | None = None,
@@ -79,15 +102,11 @@ def advance(
         if dw.shape[1] != expected_m:
             raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, "
                              f"{expected_m}) Brownian increments")
-        x = state.x + value.mu * dt + _noise(value.sigma, dw)
-        x_tilde = tree_map(
-            lambda xt, d_mu, d_sigma: xt + d_mu * dt + _noise_sensitivity(d_sigma, dw, diagonal),
-            state.x_tilde, total.mu, total.sigma,
-        )
+        x, x_tilde = _euler(state, value, total, dw, dt)
         gradient = tree_map(lambda g: g.mean(0), total.cost)
         if reduce is not None:
             gradient = reduce(gradient)
-        theta = tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), state.theta, gradient)
+        theta = _descend(state.theta, gradient, alpha, dt)
         new_state = State(x, x_tilde, theta, state.t + dt)
     return new_state, StepInfo(value.cost.mean(), gradient)
 
