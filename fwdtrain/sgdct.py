@@ -23,7 +23,7 @@ from torch.func import vjp, vmap
 
 from . import _checks
 from ._tree import squared_norm, tree_map
-from .driver import History
+from .driver import History, _build_history
 from .problem import SDE, Theta
 from .state import evaluate_once
 from .step import LearningRate, learning_rate
@@ -120,8 +120,9 @@ def fit(sde: SDE, state: SGDCTState, x0: torch.Tensor, increments: torch.Tensor,
 
     x0 (P, d) with increments (n, P, d): P independent paths, their updates averaged.
 
-    Returns the final state and a ``fwdtrain.History`` (cost: the mean ``loss`` since the previous
-    record; grad_norm: |direction| at the record).
+    Returns the final state and a ``fwdtrain.History`` built as ``fwdtrain.run`` builds it (cost: the
+    mean ``loss`` since the previous record; grad_norm: |direction| at the record; average_cost: the
+    float64 running mean of ``loss``).
     """
     record_every = _checks.check_count(record_every, "record_every")
     if not isinstance(x0, torch.Tensor):
@@ -133,27 +134,20 @@ def fit(sde: SDE, state: SGDCTState, x0: torch.Tensor, increments: torch.Tensor,
     if increments.shape[0] == 0:
         raise ValueError("increments is empty: pass at least one observed increment")
     _check(sde, state, x0, increments[0], dt, lr)
-    dtype = x0.dtype
-    _checks.check_tensor(increments, "increments", dtype, x0.device)
-    records: dict[str, list] = {"step": [], "t": [], "cost": [], "grad_norm": [], "theta": []}
-    x, loss_sum, count = x0, 0.0, 0
+    dtype, device = x0.dtype, x0.device
+    _checks.check_tensor(increments, "increments", dtype, device)
+    records: list = []  # the driver's records: (n, t, cost, grad_norm, average_cost, theta)
+    x, total, window = x0, torch.zeros((), dtype=torch.float64, device=device), 0.0
     for n, dx in enumerate(increments, start=1):
         state, info = advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
         x = x + dx
-        loss_sum, count = loss_sum + info.loss, count + 1
+        total = total + info.loss
         if n % record_every == 0 or n == increments.shape[0]:
-            records["step"].append(n)
-            records["t"].append(state.t)
-            records["cost"].append(loss_sum / count)
-            records["grad_norm"].append(squared_norm(info.direction).sqrt())
-            records["theta"].append(state.theta)
-            loss_sum, count = 0.0, 0
-    history = History(
-        step=torch.tensor(records["step"], dtype=torch.long), t=torch.stack(records["t"]),
-        cost=torch.stack(records["cost"]), grad_norm=torch.stack(records["grad_norm"]),
-        theta=tree_map(lambda *xs: torch.stack(xs), *records["theta"]),
-    )
-    return state, history
+            since = n - (n - 1) // record_every * record_every  # steps since the previous record
+            records.append((n, state.t, ((total - window) / since).to(dtype), squared_norm(info.direction).sqrt(),
+                            total / n, state.theta))
+            window = total
+    return state, _build_history(None, records, None, None, False, dtype, device)
 
 
 __all__ = ["SGDCTState", "SGDCTInfo", "init", "step", "step_with_info", "advance", "fit"]
