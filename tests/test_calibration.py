@@ -6,6 +6,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import calibration as cal
+from fwdtrain._tree import leaves, tree_map
 from fwdtrain.examples.calibration import double_well_calibration, double_well_moments, ou_calibration
 
 KAPPA = 1.0
@@ -135,3 +136,37 @@ def test_double_well_gradient_matches_quadrature():
         estimate += torch.stack([info.gradient["a"], info.gradient["b"]]) / steps
     exact = torch.tensor(exact, dtype=torch.float64)
     assert float((estimate - exact).norm() / exact.norm()) < 0.25
+
+
+def test_trains_through_the_driver():
+    """``cal.run`` is ``fwdtrain.run`` on a Calibration: the same bits for any noise chunk, a run resumed
+    from its history equals the uninterrupted one, the recorded cost is the mean two-group objective of
+    ``step_with_info`` with the same noise, ``reduce`` reaches the gradient, and the calibration's own
+    checks (even N) and the driver's apply before any step."""
+    problem = _ou()
+    theta = {"mean": torch.tensor(0.5, dtype=torch.float64), "scale": torch.tensor(0.8, dtype=torch.float64)}
+    state = cal.init(problem, theta, torch.full((8, 1), 0.5, dtype=torch.float64))
+    options = {"record_every": 50, "progress": False}
+    whole, history = ft.run(problem, state, 150, 0.01, 0.1, seed=5, chunk=7, **options)
+    alias, _ = cal.run(problem, state, 150, 0.01, 0.1, seed=5, **options)
+    half, first = cal.run(problem, state, 100, 0.01, 0.1, seed=5, **options)
+    resumed, continued = cal.run(problem, half, 50, 0.01, 0.1, history=first, **options)
+    for other in (alias, resumed):
+        assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(other)))
+    assert torch.equal(continued.cost, history.cost) and torch.equal(continued.step, history.step)
+
+    noise = ft.BrownianNoise((8, 1), 0.01, seed=5, dtype=torch.float64).draw(150)
+    by_hand, objectives = state, []
+    for dw in noise:
+        by_hand, info = cal.step_with_info(problem, by_hand, dw, 0.01, 0.1)
+        objectives.append(float(info.objective))
+    assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(by_hand)))
+    assert history.cost.tolist() == pytest.approx([sum(objectives[i:i + 50]) / 50 for i in (0, 50, 100)], rel=1e-12)
+
+    frozen, _ = ft.run(problem, state, 20, 0.01, 0.1, reduce=lambda g: tree_map(torch.zeros_like, g), **options)
+    assert all(torch.equal(frozen.theta[k], state.theta[k]) for k in theta)
+    odd = ft.init(problem.sde, theta, torch.zeros(3, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="even number"):
+        ft.run(problem, odd, 10, 0.01, 0.1)
+    with pytest.raises(ValueError, match="compile"):
+        ft.run(problem, state, 10, 0.01, 0.1, compile=True)
