@@ -146,22 +146,22 @@ def test_trains_through_the_driver():
     problem = _ou()
     theta = {"mean": torch.tensor(0.5, dtype=torch.float64), "scale": torch.tensor(0.8, dtype=torch.float64)}
     state = cal.init(problem, theta, torch.full((8, 1), 0.5, dtype=torch.float64))
-    options = {"record_every": 50, "progress": False}
-    whole, history = ft.run(problem, state, 150, 0.01, 0.1, seed=5, chunk=7, **options)
-    alias, _ = cal.run(problem, state, 150, 0.01, 0.1, seed=5, **options)
-    half, first = cal.run(problem, state, 100, 0.01, 0.1, seed=5, **options)
-    resumed, continued = cal.run(problem, half, 50, 0.01, 0.1, history=first, **options)
+    options = {"record_every": 30, "progress": False}
+    whole, history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, chunk=7, **options)
+    alias, _ = cal.run(problem, state, 90, 0.01, 0.1, seed=5, **options)
+    half, first = cal.run(problem, state, 60, 0.01, 0.1, seed=5, **options)
+    resumed, continued = cal.run(problem, half, 30, 0.01, 0.1, history=first, **options)
     for other in (alias, resumed):
         assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(other)))
     assert torch.equal(continued.cost, history.cost) and torch.equal(continued.step, history.step)
 
-    noise = ft.BrownianNoise((8, 1), 0.01, seed=5, dtype=torch.float64).draw(150)
+    noise = ft.BrownianNoise((8, 1), 0.01, seed=5, dtype=torch.float64).draw(90)
     by_hand, objectives = state, []
     for dw in noise:
         by_hand, info = cal.step_with_info(problem, by_hand, dw, 0.01, 0.1)
         objectives.append(float(info.objective))
     assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(by_hand)))
-    assert history.cost.tolist() == pytest.approx([sum(objectives[i:i + 50]) / 50 for i in (0, 50, 100)], rel=1e-12)
+    assert history.cost.tolist() == pytest.approx([sum(objectives[i:i + 30]) / 30 for i in (0, 30, 60)], rel=1e-12)
 
     frozen, _ = ft.run(problem, state, 20, 0.01, 0.1, reduce=lambda g: tree_map(torch.zeros_like, g), **options)
     assert all(torch.equal(frozen.theta[k], state.theta[k]) for k in theta)
