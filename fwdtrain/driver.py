@@ -243,10 +243,11 @@ def run(
     """Take ``steps`` pure steps of the forward-propagation algorithm from ``state``.
 
     Args:
-      sde, state, dt, lr, mode: as for ``fwdtrain.step``; or ``sde`` a ``calibration.Calibration``
-        (state from ``calibration.init``), trained by ``calibration.advance``: the recorded cost is
-        the two-group estimate of J and the gradient G (compile and fuse are not available). lr is evaluated as alpha(t_n) on the 0-d
+      sde, state, dt, lr, mode: as for ``fwdtrain.step``; lr is evaluated as alpha(t_n) on the 0-d
         tensor t_n (a number becomes a constant 0-d tensor), so nothing is re-traced per step.
+        ``sde`` may also be a ``calibration.Calibration`` (state from ``calibration.init``, N even),
+        stepped by ``calibration.advance``: cost is then its two-group estimate of J and the
+        gradient G (compile and fuse are for the cost-form step only).
       steps:          steps to take in this call.
       seed:           seed of the default noise, ``BrownianNoise((N, m), dt, seed=seed)`` (blocks of
                       64 steps). Ignored when ``noise`` is given or ``history`` carries a noise position.
