@@ -94,11 +94,16 @@ def linearise_particles(
     return vmap(lambda xi, xti: linearise(coefficients, theta, xi, xti, mode))(x, x_tilde)
 
 
-def choose_mode(mode: Mode, theta: Theta, value: Coefficients) -> Literal["reverse", "forward"]:
-    """Reverse mode when the outputs (d + numel(sigma) + 1) are fewer than the parameters p."""
+def resolve_mode(mode: Mode, outputs: int, parameters: int) -> Literal["reverse", "forward"]:
+    """``mode`` itself, or for "auto" the cheaper one: reverse mode costs one pass per output
+    number, forward mode one per parameter."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "auto":
         return mode
-    outputs = value.mu.numel() + value.sigma.numel() + 1
-    return "reverse" if outputs <= size(theta) else "forward"
+    return "reverse" if outputs <= parameters else "forward"
+
+
+def choose_mode(mode: Mode, theta: Theta, value: Coefficients) -> Literal["reverse", "forward"]:
+    """``resolve_mode`` with outputs d + numel(sigma) + numel(c) read off evaluated coefficients."""
+    return resolve_mode(mode, value.mu.numel() + value.sigma.numel() + value.cost.numel(), size(theta))

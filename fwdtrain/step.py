@@ -18,7 +18,7 @@ import torch
 from . import _checks
 from ._tree import leaves, tree_map
 from .problem import SDE, Coefficients
-from .sensitivity import MODES, Mode, linearise_particles
+from .sensitivity import Mode, linearise_particles, resolve_mode
 from .state import State
 
 LearningRate = Union[float, torch.Tensor, Callable[[torch.Tensor], Any]]
@@ -51,13 +51,9 @@ def _noise_sensitivity(d_sigma: torch.Tensor, dw: torch.Tensor, diagonal: bool) 
 
 
 def _resolve_mode(mode: Mode, state: State, noise_dim: int) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode != "auto":
-        return mode
-    outputs = state.dim * (1 + noise_dim) + 1
+    """The mode for a state, counting outputs as d + d m + 1 (a full diffusion) before evaluating anything."""
     parameters = sum(leaf.numel() for leaf in leaves(state.theta))
-    return "reverse" if outputs <= parameters else "forward"
+    return resolve_mode(mode, state.dim * (1 + noise_dim) + 1, parameters)
 
 
 GradientReduce = Callable[[Any], Any]
