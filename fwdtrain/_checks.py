@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._tree import leaves, leaves_with_paths
+from ._tree import leaves_with_paths
 
 
 def check_theta(theta: Any, name: str = "theta") -> tuple[torch.dtype, torch.device]:
@@ -94,4 +94,4 @@ def check_same_structure(tree: Any, reference: Any, name: str, reference_name: s
                          f"{optree.tree_structure(tree)} vs {optree.tree_structure(reference)}")
 
 
-__all__ = ["check_theta", "check_tensor", "check_dt", "check_lr", "check_count", "check_same_structure", "leaves"]
+__all__ = ["check_theta", "check_tensor", "check_dt", "check_lr", "check_count", "check_same_structure"]

@@ -11,6 +11,7 @@ from torch.func import vmap
 from . import _checks
 from .problem import SDE, Coefficients, Theta
 from .state import evaluate_once
+from .step import _noise
 
 
 class CostEstimate(NamedTuple):
@@ -41,8 +42,7 @@ def stationary_cost(
     if not 0 <= burn_in < steps:
         raise ValueError(f"need 0 <= burn_in < steps, got burn_in={burn_in}, steps={steps}")
     x0 = _checks.check_tensor(x0, "x0", dtype, device)
-    sigma = evaluate_once(sde, theta, x0).sigma
-    m = x0.shape[0] if sigma.ndim == 1 else sigma.shape[1]
+    m = evaluate_once(sde, theta, x0).sigma.shape[-1]  # sigma (d, m), or (d,) for diagonal noise (m = d)
     coefficients = vmap(lambda x: Coefficients(*sde.coefficients(theta, x)))
     generator = torch.Generator(device=device).manual_seed(seed)
     x = x0.expand(particles, -1).clone()
@@ -53,7 +53,6 @@ def stationary_cost(
             if n >= burn_in:
                 per_particle += cost.double()
             dw = torch.randn((particles, m), generator=generator, dtype=dtype, device=device) * math.sqrt(dt)
-            noise = sig * dw if sig.ndim == 2 else torch.einsum("ndm,nm->nd", sig, dw)
-            x = x + mu * dt + noise
+            x = x + mu * dt + _noise(sig, dw)
     per_particle /= steps - burn_in
     return CostEstimate(per_particle.mean().item(), (per_particle.std() / math.sqrt(particles)).item())
