@@ -24,7 +24,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain.compiled import compile_advance, compile_steps
-from fwdtrain.step import _resolve_mode, advance
+from fwdtrain.euler import advance, resolve_step_mode
 
 from . import problems
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     lr = ft.schedules.staged(problem.lr)
     state = ft.init(sde, problem.theta, problem.x0, args.particles)
     m = ft.noise_dim(sde, state.theta, state.x)
-    mode = _resolve_mode("auto", state, m)
+    mode = resolve_step_mode("auto", state, m)
     generator = torch.Generator().manual_seed(0)
 
     if args.variant == "fused":

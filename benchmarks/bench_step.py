@@ -30,7 +30,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain.compiled import compile_advance, compile_steps
-from fwdtrain.step import _resolve_mode, advance
+from fwdtrain.euler import advance, resolve_step_mode
 
 from . import problems, roofline, seed_loop
 from .torch_scan import compile_scan
@@ -64,7 +64,7 @@ def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, 
     lr = ft.schedules.constant(problem.lr)
     state0 = ft.init(sde, problem.theta, problem.x0, particles)
     m = ft.noise_dim(sde, state0.theta, state0.x)
-    mode = _resolve_mode("auto", state0, m)
+    mode = resolve_step_mode("auto", state0, m)
     generator = torch.Generator().manual_seed(0)
 
     def noise() -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fwdtrain as ft
-from fwdtrain.step import _resolve_mode, advance
+from fwdtrain.euler import advance, resolve_step_mode
 
 from .problems import Problem
 
@@ -34,7 +34,7 @@ def per_particle_step(problem: Problem, particles: int) -> tuple[float, float]:
     """(matmul flops, compulsory bytes) per particle-step for ``problem`` with N = ``particles``."""
     state = ft.init(problem.sde, problem.theta, problem.x0, particles)
     m = ft.noise_dim(problem.sde, state.theta, state.x)
-    mode = _resolve_mode("auto", state, m)
+    mode = resolve_step_mode("auto", state, m)
     dw = torch.zeros(particles, m, dtype=state.x.dtype)
     counter = FlopCounterMode(display=False)
     with counter:

@@ -14,9 +14,9 @@ import torch
 from torch._higher_order_ops.scan import scan
 
 from fwdtrain._tree import tree_map
-from fwdtrain.compiled import _canonical_strides
+from fwdtrain.compiled import canonical_strides
 from fwdtrain.state import State
-from fwdtrain.step import advance, learning_rate
+from fwdtrain.euler import advance, learning_rate
 
 
 def compile_scan(sde, dt, lr, mode, reduce=None, *, backend: str = "inductor"):
@@ -27,7 +27,7 @@ def compile_scan(sde, dt, lr, mode, reduce=None, *, backend: str = "inductor"):
         new, info = advance(sde, state, dw, dt, learning_rate(lr, state.t), mode, reduce)
         # the carry must keep its strides exactly (size-1 dimensions included), and scan
         # forbids outputs aliasing inputs or each other: clone the per-step diagnostics
-        return tuple(_canonical_strides(new)), (info.cost.clone(), tree_map(torch.clone, info.gradient))
+        return tuple(canonical_strides(new)), (info.cost.clone(), tree_map(torch.clone, info.gradient))
 
     def fused(state: State, noise: torch.Tensor):
         carry, per_step = scan(body, tuple(state), noise)

@@ -15,7 +15,8 @@ from .noise import BrownianNoise, FunctionNoise, TensorNoise
 from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Linearisation, linearise
 from .state import State, init, noise_dim
-from .step import StepInfo, step, step_with_info
+from .euler import StepInfo
+from .stepping import step, step_with_info
 
 __version__ = "0.1.0"
 

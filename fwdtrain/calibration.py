@@ -31,7 +31,8 @@ from ._tree import tree_map
 from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
 from .state import State, init as _init_state, noise_dim
-from .step import GradientReduce, LearningRate, _descend, _euler, check_step_inputs, learning_rate
+from .euler import GradientReduce, LearningRate, descend, euler_update, learning_rate
+from .stepping import check_step_inputs
 
 if TYPE_CHECKING:
     from .driver import History
@@ -104,11 +105,11 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
             mode: str, reduce: GradientReduce | None = None) -> tuple[State, CalibrationInfo]:
     """The calibration step without input checks (see the module docstring).
 
-    ``reduce`` maps G before the update (as in ``fwdtrain.step.advance``); None keeps it.
+    ``reduce`` maps G before the update (as in ``fwdtrain.euler.advance``); None keeps it.
     """
     with torch.no_grad():
         value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
-        x, x_tilde = _euler(state, value, total, dw, dt)
+        x, x_tilde = euler_update(state, value, total, dw, dt)
         half = state.particles // 2
         targets = problem.targets.to(value.cost)
         weights = problem.weights.to(value.cost)
@@ -122,7 +123,7 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
         gradient = tree_map(gradient_leaf, total.cost)
         if reduce is not None:
             gradient = reduce(gradient)
-        theta = _descend(state.theta, gradient, alpha, dt)
+        theta = descend(state.theta, gradient, alpha, dt)
         info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
     return State(x, x_tilde, theta, state.t + dt), info
 

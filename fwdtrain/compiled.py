@@ -29,9 +29,9 @@ import torch
 
 from . import _checks
 from ._tree import tree_map
+from .euler import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 from .problem import SDE
 from .state import State
-from .step import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 
 # Inductor splits a C++ loop over OpenMP threads once each thread gets 512 elements; a
 # fork/join costs more than that saves, and on a busy machine a step of N = 100 took
@@ -45,7 +45,7 @@ OneStep = Callable[[State, torch.Tensor, Any], tuple[State, StepInfo]]
 FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 
 
-class _CompiledOrEager:
+class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
     def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None) -> None:
@@ -75,7 +75,7 @@ class _CompiledOrEager:
         return self.eager(*args)
 
 
-def _canonical_strides(state: State) -> State:
+def canonical_strides(state: State) -> State:
     """The state's leaves as views with the row-major strides ``torch.empty`` would give them.
 
     Inductor may give a size-1 dimension of an output another (equally valid) stride
@@ -97,7 +97,7 @@ def _canonical_strides(state: State) -> State:
 def _check_mode(mode: str) -> None:
     if mode not in ("reverse", "forward"):
         raise ValueError(f"mode must be 'reverse' or 'forward' (resolve 'auto' first, e.g. with "
-                         f"fwdtrain.step._resolve_mode), got {mode!r}")
+                         f"fwdtrain.euler.resolve_step_mode), got {mode!r}")
 
 
 def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
@@ -116,16 +116,16 @@ def compile_advance(
     are turned into tensors, so changing alpha never recompiles). ``mode`` is
     "reverse" or "forward". ``backend`` and ``options`` go to ``torch.compile``
     ("eager" traces with dynamo only: quick, for tests).
-    Inputs are not validated here: check them once with ``fwdtrain.step.check_step_inputs``.
+    Inputs are not validated here: check them once with ``fwdtrain.stepping.check_step_inputs``.
     """
     _check_mode(mode)
     _checks.check_dt(dt)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
         new_state, info = advance(sde, state, dw, dt, alpha, mode, reduce)
-        return _canonical_strides(new_state), info
+        return canonical_strides(new_state), info
 
-    compiled = _CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
 
     def call(state: State, dw: torch.Tensor, alpha: Any) -> tuple[State, StepInfo]:
         return compiled(state, dw, _as_scalar(alpha, state.t))
@@ -160,9 +160,9 @@ def compile_steps(
             state, info = advance(sde, state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
             costs.append(info.cost)
             gradients.append(info.gradient)
-        return _canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
+        return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
 
-    compiled = _CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
 
     def call(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         if not isinstance(noise, torch.Tensor) or noise.ndim != 3 or noise.shape[:2] != (steps, state.particles):

@@ -21,7 +21,8 @@ from .noise import BrownianNoise, NoiseLike, as_noise
 from .problem import SDE
 from .sensitivity import Mode
 from .state import State, noise_dim
-from .step import GradientReduce, LearningRate, StepInfo, _resolve_mode, advance, check_step_inputs
+from .euler import GradientReduce, LearningRate, StepInfo, advance, resolve_step_mode
+from .stepping import check_step_inputs
 
 Problem = SDE | calibration.Calibration  # what ``run`` trains: the cost form or a calibration
 
@@ -117,7 +118,7 @@ def _checked(sde: Problem, state: State, dt: Any, lr: Any, mode: Mode) -> tuple[
         return m, calibration._resolve(sde, state, mode)
     m = noise_dim(sde, state.theta, state.x) if isinstance(sde, SDE) else 0
     check_step_inputs(sde, state, torch.zeros((state.particles, max(m, 1)), dtype=dtype, device=device), dt, lr)
-    return m, _resolve_mode(mode, state, m)
+    return m, resolve_step_mode(mode, state, m)
 
 
 def _kernels(sde: Problem, dt: Any, mode: str, reduce: GradientReduce | None, schedule: Callable,

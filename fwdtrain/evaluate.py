@@ -11,7 +11,7 @@ from torch.func import vmap
 from . import _checks
 from .problem import SDE, Coefficients, Theta
 from .state import evaluate_once
-from .step import _noise
+from .euler import noise_term
 
 
 class CostEstimate(NamedTuple):
@@ -53,6 +53,6 @@ def stationary_cost(
             if n >= burn_in:
                 per_particle += cost.double()
             dw = torch.randn((particles, m), generator=generator, dtype=dtype, device=device) * math.sqrt(dt)
-            x = x + mu * dt + _noise(sig, dw)
+            x = x + mu * dt + noise_term(sig, dw)
     per_particle /= steps - burn_in
     return CostEstimate(per_particle.mean().item(), (per_particle.std() / math.sqrt(particles)).item())

@@ -26,7 +26,7 @@ from ._tree import squared_norm, tree_map
 from .driver import History, _build_history
 from .problem import SDE, Theta
 from .state import evaluate_once
-from .step import LearningRate, learning_rate
+from .euler import LearningRate, learning_rate
 
 
 class SGDCTState(NamedTuple):

@@ -63,7 +63,7 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
 
     import fwdtrain as ft
     from benchmarks import jax_impl, problems
-    from fwdtrain.step import advance
+    from fwdtrain.euler import advance
 
     problem = problems.lqr(name)
     particles, d = 3, problem.x0.shape[0]

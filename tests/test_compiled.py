@@ -13,7 +13,7 @@ import torch._dynamo
 import fwdtrain as ft
 from fwdtrain._tree import leaves
 from fwdtrain.compiled import compile_advance, compile_steps
-from fwdtrain.step import advance
+from fwdtrain.euler import advance
 
 DT = 0.01
 PARTICLES = 3

@@ -23,7 +23,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain import cli, plotting
 from fwdtrain import distributed as D
-from fwdtrain.step import advance
+from fwdtrain.euler import advance
 
 DT, LR, SEED, STEPS = 0.01, 0.5, 7, 40
 LAUNCH_TIMEOUT = 60.0

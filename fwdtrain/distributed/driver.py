@@ -26,7 +26,7 @@ from ..errors import DivergenceError
 from ..problem import SDE
 from ..sensitivity import Mode
 from ..state import State
-from ..step import LearningRate
+from ..euler import LearningRate
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
 from .group import GroupError, group_mean, is_main, print_main, require_group, world_size
 from .reduce import GradientMean, gradient_mean

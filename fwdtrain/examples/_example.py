@@ -5,7 +5,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..problem import SDE
-from ..step import LearningRate
+from ..euler import LearningRate
 
 
 class Example(NamedTuple):

@@ -1,0 +1,109 @@
+"""The kernel: one unchecked, pure Euler-Maruyama step of (X, Xtilde, theta, t), right-hand sides at time n.
+
+    X_{n+1}      = X_n + mu h + sigma dW_n
+    Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
+    theta_{n+1}  = theta_n - alpha(t_n) h mean_i D c(X_n^i)
+    t_{n+1}      = t_n + h
+
+where D is the total derivative along the sensitivity (see ``sensitivity``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Union
+
+import torch
+
+from ._tree import leaves, tree_map
+from .problem import SDE, Coefficients
+from .sensitivity import Mode, linearise_particles, resolve_mode
+from .state import State
+
+LearningRate = Union[float, torch.Tensor, Callable[[torch.Tensor], Any]]
+
+
+class StepInfo(NamedTuple):
+    """Diagnostics of a step, evaluated at time n: particle-mean cost and gradient estimate G_n."""
+
+    cost: torch.Tensor
+    gradient: Any
+
+
+def learning_rate(lr: LearningRate, t: torch.Tensor) -> Any:
+    """alpha(t): a schedule is called on t, a number is returned as it is."""
+    return lr(t) if callable(lr) else lr
+
+
+def noise_term(sigma: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
+    """sigma dW for N particles: sigma (N, d) diagonal or (N, d, m), dW (N, m) -> (N, d)."""
+    if sigma.ndim == 2:
+        return sigma * dw
+    return torch.einsum("ndm,nm->nd", sigma, dw)
+
+
+def noise_sensitivity_term(d_sigma: torch.Tensor, dw: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """sum_k D sigma_k dW^k for one parameter leaf: (N, d, [m,] *s) -> (N, d, *s)."""
+    if diagonal:
+        return d_sigma * dw.reshape(dw.shape + (1,) * (d_sigma.ndim - 2))
+    return torch.einsum("ndm...,nm->nd...", d_sigma, dw)
+
+
+def resolve_step_mode(mode: Mode, state: State, noise_dim: int) -> str:
+    """The derivative mode for a state: ``mode`` itself, or for "auto" the cheaper one, counting outputs as d + d m + 1 (a full diffusion) before evaluating anything."""
+    parameters = sum(leaf.numel() for leaf in leaves(state.theta))
+    return resolve_mode(mode, state.dim * (1 + noise_dim) + 1, parameters)
+
+
+GradientReduce = Callable[[Any], Any]
+
+
+def euler_update(state: State, value: Coefficients, total: Coefficients, dw: torch.Tensor, dt: Any
+           ) -> tuple[torch.Tensor, Any]:
+    """The Euler-Maruyama update of the state and its sensitivity, coefficients at time n:
+
+        X_{n+1} = X_n + mu h + sigma dW_n,   Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
+    """
+    diagonal = value.sigma.ndim == 2
+    x = state.x + value.mu * dt + noise_term(value.sigma, dw)
+    x_tilde = tree_map(
+        lambda xt, d_mu, d_sigma: xt + d_mu * dt + noise_sensitivity_term(d_sigma, dw, diagonal),
+        state.x_tilde, total.mu, total.sigma,
+    )
+    return x, x_tilde
+
+
+def descend(theta: Any, gradient: Any, alpha: Any, dt: Any) -> Any:
+    """theta_{n+1} = theta_n - alpha h G_n, each leaf kept in its dtype.
+
+    alpha(t_n) from a schedule is float64 like the clock t; it would promote a 0-d leaf.
+    """
+    return tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), theta, gradient)
+
+
+def advance(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
+    reduce: GradientReduce | None = None,
+) -> tuple[State, StepInfo]:
+    """The step itself, without input checks: (new state, diagnostics at time n).
+
+    ``reduce`` maps the local particle-mean gradient pytree to the one used for
+    the update (e.g. an all-reduce mean across processes); None keeps it.
+    """
+    with torch.no_grad():
+        value, total = linearise_particles(sde.coefficients, state.theta, state.x, state.x_tilde, mode)
+        diagonal = value.sigma.ndim == 2
+        expected_m = state.dim if diagonal else value.sigma.shape[-1]
+        if dw.shape[1] != expected_m:
+            raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, "
+                             f"{expected_m}) Brownian increments")
+        x, x_tilde = euler_update(state, value, total, dw, dt)
+        gradient = tree_map(lambda g: g.mean(0), total.cost)
+        if reduce is not None:
+            gradient = reduce(gradient)
+        theta = descend(state.theta, gradient, alpha, dt)
+        new_state = State(x, x_tilde, theta, state.t + dt)
+    return new_state, StepInfo(value.cost.mean(), gradient)
+
+
+__all__ = ["StepInfo", "LearningRate", "GradientReduce", "learning_rate", "noise_term",
+           "noise_sensitivity_term", "resolve_step_mode", "euler_update", "descend", "advance"]

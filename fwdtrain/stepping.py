@@ -1,0 +1,92 @@
+"""The public, checked step: ``step`` and ``step_with_info`` validate their inputs, resolve the
+derivative mode and call the kernel ``fwdtrain.euler.advance`` (eager, or compiled with ``compile=True``).
+
+    X_{n+1}      = X_n + mu h + sigma dW_n
+    Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
+    theta_{n+1}  = theta_n - alpha(t_n) h mean_i D c(X_n^i)
+    t_{n+1}      = t_n + h
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from . import _checks
+from ._tree import leaves
+from .compiled import STEP_OPTIONS, CompiledOrEager, canonical_strides
+from .euler import LearningRate, StepInfo, advance, learning_rate, resolve_step_mode
+from .problem import SDE
+from .sensitivity import Mode
+from .state import State
+
+
+def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
+    """Raise a clear error for anything ``step`` cannot use."""
+    if not isinstance(sde, SDE):
+        raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
+    if not isinstance(state, State):
+        raise TypeError(f"step(..., state, ...) expects a fwdtrain.State (from fwdtrain.init), got {type(state).__name__}")
+    _checks.check_dt(dt)
+    _checks.check_lr(lr)
+    theta0 = leaves(state.theta)[0]
+    if not isinstance(dw, torch.Tensor):
+        raise TypeError(f"dw must be a torch.Tensor of Brownian increments, got {type(dw).__name__}")
+    if dw.ndim != 2 or dw.shape[0] != state.particles:
+        raise ValueError(f"dw must have shape (particles, m) = ({state.particles}, m), got {tuple(dw.shape)}")
+    if dw.dtype != theta0.dtype or dw.device != theta0.device:
+        raise TypeError(f"dw is {dw.dtype} on {dw.device} but the state is {theta0.dtype} on {theta0.device}")
+    if any(leaf.requires_grad for leaf in leaves((state, dw))):
+        raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies")
+    _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
+
+
+@functools.cache
+def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
+    """``advance`` under torch.compile, built on first use; torch keeps one graph per (sde, dt, mode)."""
+    def kernel(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor, mode: str):
+        new_state, info = advance(sde, state, dw, dt, alpha, mode)
+        return canonical_strides(new_state), info
+
+    return CompiledOrEager(kernel, "step", "inductor", STEP_OPTIONS)
+
+
+def step_with_info(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
+    compile: bool = False,
+) -> tuple[State, StepInfo]:
+    """``step`` that also returns the particle-mean cost and gradient estimate at time n."""
+    check_step_inputs(sde, state, dw, dt, lr)
+    resolved = resolve_step_mode(mode, state, dw.shape[1])
+    alpha = learning_rate(lr, state.t)
+    if not compile:
+        return advance(sde, state, dw, dt, alpha, resolved)
+    alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
+    return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved)
+
+
+def step(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
+    compile: bool = False,
+) -> State:
+    """One pure Euler-Maruyama step of the forward-propagation algorithm.
+
+    Args:
+      sde:   the problem (``SDE`` or ``ControlledSDE``).
+      state: the current ``State``; never modified.
+      dw:    Brownian increments W_{n+1} - W_n, shape (N, m), variance dt each.
+      dt:    the step h > 0.
+      lr:    the learning rate alpha: a number or a schedule t -> alpha(t).
+      mode:  "reverse" (jacrev), "forward" (jacfwd) or "auto" (the cheaper by shape).
+      compile: run the step through ``torch.compile`` (the first call per problem and dt
+             compiles, for seconds; later calls reuse the graph). In a loop of your own,
+             ``fwdtrain.compile_advance`` or ``run(..., compile=True)`` is the direct route.
+
+    Returns the new ``State``; no tensor in it requires grad or has a grad_fn.
+    """
+    return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile)[0]
+
+
+__all__ = ["step", "step_with_info", "check_step_inputs"]
