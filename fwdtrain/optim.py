@@ -37,7 +37,7 @@ from ._tree import squared_norm, tree_map
 PyTree = Any
 OptState = Any
 InitFn = Callable[[PyTree], OptState]
-UpdateFn = Callable[[PyTree, OptState, PyTree, Any], "tuple[PyTree, OptState]"]
+UpdateFn = Callable[[PyTree, OptState, PyTree, Any], tuple[PyTree, OptState]]
 
 
 class GradientTransformation(NamedTuple):
@@ -159,7 +159,10 @@ def scale_by_momentum(momentum: float, nesterov: bool = False) -> GradientTransf
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
-    """m_n = b1 m + (1-b1) G, v_n = b2 v + (1-b2) G^2; direction (m_n / c1) / (sqrt(v_n / c2) + eps), c_i = 1 - b_i^n."""
+    """m_n = b1 m + (1-b1) G, v_n = b2 v + (1-b2) G^2; direction (m_n / c1) / (sqrt(v_n / c2) + eps).
+
+    c_i = 1 - b_i^n corrects the bias of the zero start; n counts updates from 1.
+    """
     _check(0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0, f"adam needs b1, b2 in [0, 1), got b1={b1}, b2={b2}")
     _check(eps > 0.0, f"adam needs eps > 0 (it keeps v = 0 from dividing by zero), got {eps}")
     b1, b2, eps = float(b1), float(b2), float(eps)
@@ -212,7 +215,8 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
     Branch-free and safe to differentiate: the square root is only taken where |G| > c > 0.
     """
-    _check(math.isfinite(max_norm) and max_norm > 0.0, f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}")
+    _check(math.isfinite(max_norm) and max_norm > 0.0,
+           f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}")
     max_norm = float(max_norm)
 
     def init(theta: PyTree) -> ClipState:
@@ -242,13 +246,19 @@ def momentum(momentum: float = 0.9, nesterov: bool = False) -> GradientTransform
 
 
 def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
-    """Adam: s_n = -alpha(t_n) h (m_n / c1) / (sqrt(v_n / c2) + eps); torch.optim.Adam(lr=alpha h, betas=(b1, b2), eps)."""
+    """Adam: s_n = -alpha(t_n) h (m_n / c1) / (sqrt(v_n / c2) + eps).
+
+    The numbers of torch.optim.Adam(lr=alpha h, betas=(b1, b2), eps).
+    """
     return chain(scale_by_adam(b1, b2, eps), scale_by_rate())
 
 
 def rmsprop(decay: float = 0.99, eps: float = 1e-8, centered: bool = False, momentum: float = 0.0
             ) -> GradientTransformation:
-    """RMSprop: s_n = -alpha(t_n) h b_n, b_n = mu b_{n-1} + G_n / (sqrt(v_n) + eps); torch.optim.RMSprop(lr=alpha h, alpha=decay, ...)."""
+    """RMSprop: s_n = -alpha(t_n) h b_n, b_n = mu b_{n-1} + G_n / (sqrt(v_n) + eps) (b_n = G_n / ... when mu = 0).
+
+    The numbers of torch.optim.RMSprop(lr=alpha h, alpha=decay, eps, centered, momentum).
+    """
     parts = [scale_by_rms(decay, eps, centered)]
     if momentum != 0.0:
         parts.append(scale_by_momentum(momentum))
@@ -277,7 +287,7 @@ def average_init(theta: PyTree) -> Average:
     return Average(_zeros(theta), torch.zeros((), dtype=torch.int64))
 
 
-def average_update(average: Average, theta: PyTree, t: Any, average_from: float) -> Average:
+def average_update(average: Average, theta: PyTree, t: Any, *, average_from: float) -> Average:
     """Include theta_n in the mean when t_n >= t0 = ``average_from``, branch-free:
 
         k_n = k + 1[t_n >= t0],   mean_n = mean + 1[t_n >= t0] (theta_n - mean) / k_n

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from torch.func import grad, vmap
+from torch.func import grad, jacfwd, vmap
 
 from fwdtrain import optim
 from fwdtrain.euler import descend
@@ -43,7 +43,8 @@ ALPHA, H = 0.3, 0.01
 
 @pytest.mark.parametrize("ours, theirs", [
     (lambda: optim.momentum(0.9), lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.9)),
-    (lambda: optim.momentum(0.8, nesterov=True), lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.8, nesterov=True)),
+    (lambda: optim.momentum(0.8, nesterov=True),
+     lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.8, nesterov=True)),
     (lambda: optim.adam(), lambda p: torch.optim.Adam(p, lr=ALPHA * H)),
     (lambda: optim.adam(0.8, 0.95, 1e-6), lambda p: torch.optim.Adam(p, lr=ALPHA * H, betas=(0.8, 0.95), eps=1e-6)),
     (lambda: optim.rmsprop(), lambda p: torch.optim.RMSprop(p, lr=ALPHA * H)),
@@ -160,6 +161,7 @@ def test_grad_through_updates_matches_central_differences(make):
     theta0, alpha, eps = torch.tensor([1.5, -2.0], dtype=F64), torch.tensor(0.8, dtype=F64), 1e-6
     d_theta = grad(final_loss, argnums=0)(theta0, alpha)
     d_alpha = grad(final_loss, argnums=1)(theta0, alpha)
+    torch.testing.assert_close(jacfwd(final_loss, argnums=1)(theta0, alpha), d_alpha, rtol=1e-12, atol=1e-14)
     fd_theta = torch.stack([(final_loss(theta0 + eps * e, alpha) - final_loss(theta0 - eps * e, alpha)) / (2 * eps)
                             for e in torch.eye(2, dtype=F64)])
     fd_alpha = (final_loss(theta0, alpha + eps) - final_loss(theta0, alpha - eps)) / (2 * eps)
