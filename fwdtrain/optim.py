@@ -27,6 +27,7 @@ Python numbers, checked when the transformation is built.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, Literal, NamedTuple
 
@@ -276,7 +277,12 @@ def optimizer(name: Optimizer, **options: Any) -> GradientTransformation:
     """The named optimiser built with its options, e.g. ``optimizer("adam", b1=0.8)`` (for the command line)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
-    return OPTIMIZERS[name](**options)
+    factory = OPTIMIZERS[name]
+    accepted = inspect.signature(factory).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"optimizer {name!r} takes options {sorted(accepted) or 'none'}, got {unknown}")
+    return factory(**options)
 
 
 # ---------------------------------------------------------------- Polyak-Ruppert averaging

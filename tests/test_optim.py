@@ -197,6 +197,8 @@ def test_optimizer_names_and_errors():
     assert isinstance(optim.optimizer("adam", b1=0.8), optim.GradientTransformation)
     with pytest.raises(ValueError, match="unknown optimizer 'adamw'.*'adam'"):
         optim.optimizer("adamw")
+    with pytest.raises(ValueError, match="'sgd' takes options none, got \\['momentum'\\]"):
+        optim.optimizer("sgd", momentum=0.9)
     with pytest.raises(ValueError, match="momentum must be in"):
         optim.momentum(1.0)
     with pytest.raises(ValueError, match="nesterov"):
