@@ -73,10 +73,6 @@ class RmsState(NamedTuple):
     mu: PyTree
 
 
-class ClipState(NamedTuple):
-    """Clipping keeps no state."""
-
-
 class Average(NamedTuple):
     """Polyak-Ruppert running mean of theta and the number of iterates in it (0-d int64)."""
 
@@ -220,10 +216,10 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
            f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}")
     max_norm = float(max_norm)
 
-    def init(theta: PyTree) -> ClipState:
-        return ClipState()
+    def init(theta: PyTree) -> EmptyState:
+        return EmptyState()
 
-    def update(gradient: PyTree, state: ClipState, theta: PyTree, rate: Any) -> tuple[PyTree, ClipState]:
+    def update(gradient: PyTree, state: EmptyState, theta: PyTree, rate: Any) -> tuple[PyTree, EmptyState]:
         sq = squared_norm(gradient)
         clipped = sq > max_norm ** 2
         safe = torch.where(clipped, sq, torch.ones_like(sq))
@@ -310,7 +306,7 @@ def average_update(average: Average, theta: PyTree, t: Any, *, average_from: flo
 
 
 __all__ = [
-    "GradientTransformation", "EmptyState", "MomentumState", "AdamState", "RmsState", "ClipState", "Average",
+    "GradientTransformation", "EmptyState", "MomentumState", "AdamState", "RmsState", "Average",
     "Optimizer", "OPTIMIZERS", "optimizer", "apply_updates", "chain", "scale_by_rate", "scale_by_momentum",
     "scale_by_adam", "scale_by_rms", "clip_by_global_norm", "sgd", "momentum", "adam", "rmsprop",
     "average_init", "average_update",
