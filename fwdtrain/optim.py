@@ -1,0 +1,313 @@
+"""Optimisers for the online update: pure gradient transformations in optax's shape.
+
+The continuous-time update dtheta = -alpha_t G_t dt, discretised, is
+
+    theta_{n+1} = theta_n + s_n,    s_n = -alpha(t_n) h P_n(G_n, ..., G_0)
+
+where P_n is the rule's direction: G_n itself for ``sgd`` (today's
+``euler.descend``), a momentum trace, or Adam's/RMSprop's normalised moments.
+The learning rate stays the schedule alpha(t); the rule only shapes the direction.
+
+A transformation is ``GradientTransformation(init, update)``:
+
+    init(theta) -> opt_state
+    update(gradient, opt_state, theta, rate) -> (updates, opt_state)
+
+``rate`` is the product alpha(t_n) * h, not alpha alone: the caller knows h, the
+product is what torch.optim calls ``lr`` (so the numbers match it with lr = alpha h),
+and ``sgd`` then multiplies in exactly the order ``descend`` does, (alpha h) G.
+Transformations that only reshape the gradient (clipping, moments) ignore ``rate``;
+``scale_by_rate`` turns a direction into the step -rate * direction and ends every
+alias. ``apply_updates`` is the one place where theta changes.
+
+Every function is pure and branch-free on tensor values, so a run of updates
+composes with ``torch.func.grad``, ``jacfwd`` and ``vmap``. Hyperparameters are
+Python numbers, checked when the transformation is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Literal, NamedTuple
+
+import torch
+
+from ._tree import squared_norm, tree_map
+
+PyTree = Any
+OptState = Any
+InitFn = Callable[[PyTree], OptState]
+UpdateFn = Callable[[PyTree, OptState, PyTree, Any], tuple[PyTree, OptState]]
+
+
+class GradientTransformation(NamedTuple):
+    """A pair of pure functions: ``init(theta) -> state``, ``update(g, state, theta, rate) -> (updates, state)``."""
+
+    init: InitFn
+    update: UpdateFn
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless transformation."""
+
+
+class MomentumState(NamedTuple):
+    """Heavy-ball trace b_n = mu b_{n-1} + G_n (b_{-1} = 0), one tensor per leaf of theta."""
+
+    trace: PyTree
+
+
+class AdamState(NamedTuple):
+    """Step count n (0-d int64) and the first and second moment estimates m_n, v_n."""
+
+    count: torch.Tensor
+    mu: PyTree
+    nu: PyTree
+
+
+class RmsState(NamedTuple):
+    """Running mean of squared gradients v_n, and of gradients m_n (zeros unless centered)."""
+
+    nu: PyTree
+    mu: PyTree
+
+
+class Average(NamedTuple):
+    """Polyak-Ruppert running mean of theta and the number of iterates in it (0-d int64)."""
+
+    mean: PyTree
+    count: torch.Tensor
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _zeros(theta: PyTree) -> PyTree:
+    return tree_map(torch.zeros_like, theta)
+
+
+# ---------------------------------------------------------------- the step and theta
+
+
+def scale_by_rate() -> GradientTransformation:
+    """s = -(rate * P), rate = alpha(t_n) h multiplied first, each leaf kept in the direction's dtype.
+
+    alpha(t_n) from a schedule is float64 like the clock; the cast stops it
+    promoting a 0-d float32 leaf (the same arithmetic as ``euler.descend``).
+    """
+
+    def init(theta: PyTree) -> EmptyState:
+        return EmptyState()
+
+    def update(direction: PyTree, state: EmptyState, theta: PyTree, rate: Any) -> tuple[PyTree, EmptyState]:
+        return tree_map(lambda p: -(rate * p).to(p.dtype), direction), state
+
+    return GradientTransformation(init, update)
+
+
+def apply_updates(theta: PyTree, updates: PyTree) -> PyTree:
+    """theta_{n+1} = theta_n + s_n, each leaf kept in theta's dtype (a new pytree; inputs untouched)."""
+    return tree_map(lambda th, s: th + s.to(th.dtype), theta, updates)
+
+
+def chain(*transformations: GradientTransformation) -> GradientTransformation:
+    """Apply transformations in order: the updates of one are the gradient of the next; the state is a tuple."""
+    for i, tr in enumerate(transformations):
+        _check(isinstance(tr, GradientTransformation),
+               f"chain takes GradientTransformations, got {type(tr).__name__} at position {i}")
+
+    def init(theta: PyTree) -> tuple:
+        return tuple(tr.init(theta) for tr in transformations)
+
+    def update(gradient: PyTree, state: tuple, theta: PyTree, rate: Any) -> tuple[PyTree, tuple]:
+        new_state = []
+        for tr, s in zip(transformations, state, strict=True):
+            gradient, s = tr.update(gradient, s, theta, rate)
+            new_state.append(s)
+        return gradient, tuple(new_state)
+
+    return GradientTransformation(init, update)
+
+
+# ---------------------------------------------------------------- directions
+
+
+def scale_by_momentum(momentum: float, nesterov: bool = False) -> GradientTransformation:
+    """b_n = mu b_{n-1} + G_n; direction b_n (heavy ball) or G_n + mu b_n (Nesterov), as torch.optim.SGD."""
+    _check(0.0 <= momentum < 1.0, f"momentum must be in [0, 1), got {momentum}")
+    _check(not nesterov or momentum > 0.0, "nesterov=True needs momentum > 0 (with 0 it is plain sgd)")
+    momentum = float(momentum)
+
+    def init(theta: PyTree) -> MomentumState:
+        return MomentumState(_zeros(theta))
+
+    def update(gradient: PyTree, state: MomentumState, theta: PyTree, rate: Any) -> tuple[PyTree, MomentumState]:
+        trace = tree_map(lambda b, g: momentum * b + g, state.trace, gradient)
+        if nesterov:
+            direction = tree_map(lambda g, b: g + momentum * b, gradient, trace)
+        else:
+            direction = trace
+        return direction, MomentumState(trace)
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
+    """m_n = b1 m + (1-b1) G, v_n = b2 v + (1-b2) G^2; direction (m_n / c1) / (sqrt(v_n / c2) + eps).
+
+    c_i = 1 - b_i^n corrects the bias of the zero start; n counts updates from 1.
+    """
+    _check(0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0, f"adam needs b1, b2 in [0, 1), got b1={b1}, b2={b2}")
+    _check(eps > 0.0, f"adam needs eps > 0 (it keeps v = 0 from dividing by zero), got {eps}")
+    b1, b2, eps = float(b1), float(b2), float(eps)
+
+    def init(theta: PyTree) -> AdamState:
+        return AdamState(torch.zeros((), dtype=torch.int64), _zeros(theta), _zeros(theta))
+
+    def update(gradient: PyTree, state: AdamState, theta: PyTree, rate: Any) -> tuple[PyTree, AdamState]:
+        count = state.count + 1
+        mu = tree_map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, gradient)
+        nu = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, gradient)
+
+        def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            n = count.to(m.dtype)
+            c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+            return (m / c1) / (v.sqrt() / c2.sqrt() + eps)
+
+        return tree_map(direction, mu, nu), AdamState(count, mu, nu)
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_rms(decay: float = 0.99, eps: float = 1e-8, centered: bool = False) -> GradientTransformation:
+    """v_n = d v + (1-d) G^2 (v_{-1} = 0); direction G / (sqrt(v_n) + eps), or centred G / (sqrt(v_n - m_n^2) + eps).
+
+    ``decay`` is torch.optim.RMSprop's ``alpha`` (renamed: alpha is the learning rate here).
+    """
+    _check(0.0 <= decay < 1.0, f"rmsprop needs decay in [0, 1), got {decay}")
+    _check(eps > 0.0, f"rmsprop needs eps > 0 (it keeps v = 0 from dividing by zero), got {eps}")
+    decay, eps = float(decay), float(eps)
+
+    def init(theta: PyTree) -> RmsState:
+        return RmsState(_zeros(theta), _zeros(theta))
+
+    def update(gradient: PyTree, state: RmsState, theta: PyTree, rate: Any) -> tuple[PyTree, RmsState]:
+        nu = tree_map(lambda v, g: decay * v + (1 - decay) * g * g, state.nu, gradient)
+        if centered:
+            mu = tree_map(lambda m, g: decay * m + (1 - decay) * g, state.mu, gradient)
+            direction = tree_map(lambda g, v, m: g / ((v - m * m).sqrt() + eps), gradient, nu, mu)
+        else:
+            mu = state.mu
+            direction = tree_map(lambda g, v: g / (v.sqrt() + eps), gradient, nu)
+        return direction, RmsState(nu, mu)
+
+    return GradientTransformation(init, update)
+
+
+def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+    """G -> G min(1, c / |G|), |G|^2 = sum over all leaves: caps the global norm at c, small G unchanged (bitwise).
+
+    Branch-free and safe to differentiate: the square root is only taken where |G| > c > 0.
+    """
+    _check(math.isfinite(max_norm) and max_norm > 0.0,
+           f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}")
+    max_norm = float(max_norm)
+
+    def init(theta: PyTree) -> EmptyState:
+        return EmptyState()
+
+    def update(gradient: PyTree, state: EmptyState, theta: PyTree, rate: Any) -> tuple[PyTree, EmptyState]:
+        sq = squared_norm(gradient)
+        clipped = sq > max_norm ** 2
+        safe = torch.where(clipped, sq, torch.ones_like(sq))
+        scale = torch.where(clipped, max_norm / safe.sqrt(), torch.ones_like(sq))
+        return tree_map(lambda g: g * scale.to(g.dtype), gradient), state
+
+    return GradientTransformation(init, update)
+
+
+# ---------------------------------------------------------------- aliases
+
+
+def sgd() -> GradientTransformation:
+    """theta_{n+1} = theta_n - alpha(t_n) h G_n: today's update, bitwise equal to ``euler.descend``."""
+    return scale_by_rate()
+
+
+def momentum(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformation:
+    """Heavy ball (or Nesterov): s_n = -alpha(t_n) h b_n; torch.optim.SGD(lr=alpha h, momentum, nesterov)."""
+    return chain(scale_by_momentum(momentum, nesterov), scale_by_rate())
+
+
+def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
+    """Adam: s_n = -alpha(t_n) h (m_n / c1) / (sqrt(v_n / c2) + eps).
+
+    The numbers of torch.optim.Adam(lr=alpha h, betas=(b1, b2), eps).
+    """
+    return chain(scale_by_adam(b1, b2, eps), scale_by_rate())
+
+
+def rmsprop(decay: float = 0.99, eps: float = 1e-8, centered: bool = False, momentum: float = 0.0
+            ) -> GradientTransformation:
+    """RMSprop: s_n = -alpha(t_n) h b_n, b_n = mu b_{n-1} + G_n / (sqrt(v_n) + eps) (b_n = G_n / ... when mu = 0).
+
+    The numbers of torch.optim.RMSprop(lr=alpha h, alpha=decay, eps, centered, momentum).
+    """
+    parts = [scale_by_rms(decay, eps, centered)]
+    if momentum != 0.0:
+        parts.append(scale_by_momentum(momentum))
+    return chain(*parts, scale_by_rate())
+
+
+Optimizer = Literal["sgd", "momentum", "adam", "rmsprop"]
+
+OPTIMIZERS: dict[str, Callable[..., GradientTransformation]] = {
+    "sgd": sgd, "momentum": momentum, "adam": adam, "rmsprop": rmsprop,
+}
+
+
+def optimizer(name: Optimizer, **options: Any) -> GradientTransformation:
+    """The named optimiser built with its options, e.g. ``optimizer("adam", b1=0.8)`` (for the command line)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
+    factory = OPTIMIZERS[name]
+    accepted = inspect.signature(factory).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"optimizer {name!r} takes options {sorted(accepted) or 'none'}, got {unknown}")
+    return factory(**options)
+
+
+# ---------------------------------------------------------------- Polyak-Ruppert averaging
+
+
+def average_init(theta: PyTree) -> Average:
+    """An empty running average: mean 0 (shaped like theta), count 0."""
+    return Average(_zeros(theta), torch.zeros((), dtype=torch.int64))
+
+
+def average_update(average: Average, theta: PyTree, t: Any, *, average_from: float) -> Average:
+    """Include theta_n in the mean when t_n >= t0 = ``average_from``, branch-free:
+
+        k_n = k + 1[t_n >= t0],   mean_n = mean + 1[t_n >= t0] (theta_n - mean) / k_n
+
+    so after the run, mean = (1/K) sum_{n: t_n >= t0} theta_n. Works under vmap (t may be batched).
+    """
+    t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
+    include = t >= average_from
+    count = average.count + include.to(average.count.dtype)
+    denominator = count.clamp(min=1)
+    mean = tree_map(lambda m, th: torch.where(include, m + (th - m) / denominator.to(m.dtype), m),
+                    average.mean, theta)
+    return Average(mean, count)
+
+
+__all__ = [
+    "GradientTransformation", "EmptyState", "MomentumState", "AdamState", "RmsState", "Average",
+    "Optimizer", "OPTIMIZERS", "optimizer", "apply_updates", "chain", "scale_by_rate", "scale_by_momentum",
+    "scale_by_adam", "scale_by_rms", "clip_by_global_norm", "sgd", "momentum", "adam", "rmsprop",
+    "average_init", "average_update",
+]
