@@ -22,6 +22,7 @@ the function warns once and runs the same code eagerly from then on.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -100,13 +101,19 @@ def _check_mode(mode: str) -> None:
                          f"fwdtrain.euler.resolve_step_mode), got {mode!r}")
 
 
+def _advance_of(problem: Any) -> Callable[..., tuple[State, StepInfo]]:
+    """The problem's unchecked step ``(state, dw, dt, alpha, mode, reduce)``: ``euler.advance`` for an SDE,
+    the ``advance`` method of any other ``fwdtrain.trainable.Trainable`` (a calibration, SGDCT)."""
+    return functools.partial(advance, problem) if isinstance(problem, SDE) else problem.advance
+
+
 def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     """alpha as a 0-d tensor like t, so that a new value is new data, not a new graph."""
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
 
 
 def compile_advance(
-    sde: SDE, dt: float, mode: str, reduce: GradientReduce | None = None, *,
+    sde: Any, dt: float, mode: str, reduce: GradientReduce | None = None, *,
     backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
 ) -> OneStep:
     """``advance(sde, ., ., dt, ., mode, reduce)`` compiled: ``one_step(state, dw, alpha) -> (State, StepInfo)``.
@@ -120,9 +127,10 @@ def compile_advance(
     """
     _check_mode(mode)
     _checks.check_dt(dt)
+    kernel = _advance_of(sde)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
-        new_state, info = advance(sde, state, dw, dt, alpha, mode, reduce)
+        new_state, info = kernel(state, dw, dt, alpha, mode, reduce)
         return canonical_strides(new_state), info
 
     compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
@@ -134,7 +142,7 @@ def compile_advance(
 
 
 def compile_steps(
-    sde: SDE, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
+    sde: Any, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
     *, backend: str | Callable = "inductor", options: dict | None = FUSED_OPTIONS,
 ) -> FusedSteps:
     """K = ``steps`` steps of ``advance`` in one compiled call: ``fused(state, noise) -> (State, StepInfo)``.
@@ -153,11 +161,12 @@ def compile_steps(
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
+    kernel = _advance_of(sde)
 
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []
         for k in range(steps):
-            state, info = advance(sde, state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
+            state, info = kernel(state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
             costs.append(info.cost)
             gradients.append(info.gradient)
         return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
@@ -165,9 +174,9 @@ def compile_steps(
     compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
 
     def call(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
-        if not isinstance(noise, torch.Tensor) or noise.ndim != 3 or noise.shape[:2] != (steps, state.particles):
+        if not isinstance(noise, torch.Tensor) or noise.ndim < 2 or noise.shape[:2] != (steps, state.x.shape[0]):
             shape = tuple(noise.shape) if isinstance(noise, torch.Tensor) else type(noise).__name__
-            raise ValueError(f"noise must have shape (steps, particles, m) = ({steps}, {state.particles}, m), "
+            raise ValueError(f"noise must have shape (steps, particles, m) = ({steps}, {state.x.shape[0]}, m), "
                              f"got {shape}")
         return compiled(state, noise)
 

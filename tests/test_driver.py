@@ -6,7 +6,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain._tree import leaves, tree_map
-from fwdtrain.driver import _progress_enabled
+from fwdtrain.progress import progress_enabled as _progress_enabled
 
 DT = 0.01
 

@@ -21,7 +21,9 @@ import torch
 
 from .. import _checks
 from .._tree import tree_map
-from ..driver import History, _Progress, _progress_enabled, run
+from ..driver import run
+from ..history import History
+from ..progress import ProgressBar as _Progress, progress_enabled as _progress_enabled
 from ..errors import DivergenceError
 from ..problem import SDE
 from ..sensitivity import Mode
