@@ -49,14 +49,15 @@ FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
-    def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None) -> None:
+    def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None,
+                 fullgraph: bool = True) -> None:
         from torch._dynamo.exc import RecompileError  # deferred: importing dynamo takes seconds
 
         self.recompile_error = RecompileError
         self.eager = fn
         self.what = what
         extra = {"options": dict(options)} if options and backend == "inductor" else {}
-        self.compiled: Callable | None = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, **extra)
+        self.compiled: Callable | None = torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None:
@@ -107,6 +108,11 @@ def _advance_of(problem: Any) -> Callable[..., tuple[State, StepInfo]]:
     return functools.partial(advance, problem) if isinstance(problem, SDE) else problem.advance
 
 
+def _outside_graph(reduce: GradientReduce | None) -> GradientReduce | None:
+    """A gradient hook run eagerly between compiled pieces (it may make collectives or count calls)."""
+    return None if reduce is None else torch._dynamo.disable(reduce)
+
+
 def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     """alpha as a 0-d tensor like t, so that a new value is new data, not a new graph."""
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
@@ -128,12 +134,13 @@ def compile_advance(
     _check_mode(mode)
     _checks.check_dt(dt)
     kernel = _advance_of(sde)
+    fullgraph, reduce = reduce is None, _outside_graph(reduce)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
         new_state, info = kernel(state, dw, dt, alpha, mode, reduce)
         return canonical_strides(new_state), info
 
-    compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options, fullgraph)
 
     def call(state: State, dw: torch.Tensor, alpha: Any) -> tuple[State, StepInfo]:
         return compiled(state, dw, _as_scalar(alpha, state.t))
@@ -162,6 +169,7 @@ def compile_steps(
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
     kernel = _advance_of(sde)
+    fullgraph, reduce = reduce is None, _outside_graph(reduce)
 
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []
@@ -171,7 +179,7 @@ def compile_steps(
             gradients.append(info.gradient)
         return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
 
-    compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options, fullgraph)
 
     def call(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         if not isinstance(noise, torch.Tensor) or noise.ndim < 2 or noise.shape[:2] != (steps, state.x.shape[0]):

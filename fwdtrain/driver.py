@@ -73,15 +73,17 @@ def step_function(problem: Any, dt: Any, mode: str, reduce: GradientReduce | Non
 
 
 def kernels(problem: Trainable, dt: Any, mode: str, reduce: GradientReduce | None, schedule: Callable,
-            compile: bool, fuse: int) -> Kernels:
+            compile: bool | str, fuse: int) -> Kernels:
     """The eager step, or the compiled one (and for fuse > 1 the K-step compiled call). The one place
-    where the driver chooses how a step runs."""
-    if not compile and fuse == 1:
+    where the driver chooses how a step runs. ``compile``: False, True (inductor) or a ``torch.compile``
+    backend name ("eager": traced by dynamo only, for quick tests)."""
+    if compile is False and fuse == 1:
         return Kernels(step_function(problem, dt, mode, reduce))
     from .compiled import compile_advance, compile_steps  # deferred: importing torch._dynamo takes seconds
 
-    one_step = compile_advance(problem, float(dt), mode, reduce)
-    fused = compile_steps(problem, float(dt), schedule, mode, fuse, reduce) if fuse > 1 else None
+    backend = compile if isinstance(compile, str) else "inductor"
+    one_step = compile_advance(problem, float(dt), mode, reduce, backend=backend)
+    fused = compile_steps(problem, float(dt), schedule, mode, fuse, reduce, backend=backend) if fuse > 1 else None
     return Kernels(one_step, fused, fuse)
 
 
@@ -264,8 +266,8 @@ def _check_options(steps, record_every, chunk, check_every, progress_every, call
         raise ValueError(f"bound must be a positive number or None, got {bound!r}")
     if progress not in (None, True, False):
         raise TypeError(f"progress must be None (auto), True or False, got {progress!r}")
-    if compile not in (True, False):
-        raise TypeError(f"compile must be True or False, got {compile!r}")
+    if not (compile is True or compile is False or isinstance(compile, str)):
+        raise TypeError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
     fuse = _checks.check_count(fuse, "fuse")
     return steps, record_every, chunk, check_every, progress_every, callback_every, fuse
 
@@ -276,7 +278,7 @@ def setup(
     chunk: int = 1024, record: Callable[[State], Any] | None = None, callback: Callable[[int, State], Any] | None = None,
     callback_every: int | None = None, check_every: int = 100, bound: float | None = None,
     progress_every: int = 256, progress: bool | None = None, checkpoint: Checkpointing | str | os.PathLike | None = None,
-    reduce: GradientReduce | None = None, compile: bool = False, fuse: int = 1,
+    reduce: GradientReduce | None = None, compile: bool | str = False, fuse: int = 1,
 ) -> Loop:
     """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the
     history's step (0 for a new run) and ending ``steps`` later. Nothing is stepped."""
@@ -311,7 +313,7 @@ def setup(
                              f"pass the history that was returned (or saved) with this state")
     source = _noise_source(noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)
     schedule = _schedule(lr, state)
-    chosen = kernels(trainable, dt, resolved, reduce, schedule, compile or fuse > 1, fuse)
+    chosen = kernels(trainable, dt, resolved, reduce, schedule, True if compile is False and fuse > 1 else compile, fuse)
     show = steps > 0 and progress_enabled(progress)
     events = Events(record_every, check_every, callback_every if callback is not None else None,
                     progress_every if show else None, checkpoint.every if checkpoint is not None else None)
@@ -343,7 +345,7 @@ def run(
     progress_every: int = 256,
     checkpoint: Checkpointing | str | os.PathLike | None = None,
     reduce: GradientReduce | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
     fuse: int = 1,
 ) -> tuple[State, History]:
     """Take ``steps`` pure steps of ``problem`` from ``state``.
@@ -378,7 +380,9 @@ def run(
       reduce:         maps the particle-mean gradient before the update (e.g. an all-reduce).
       compile:        run each step through ``torch.compile`` (``fwdtrain.compile_advance``), any problem:
                       same maths, no Python dispatch; the first step compiles (seconds). Falls back to
-                      eager with a warning if compilation fails.
+                      eager with a warning if compilation fails. A string names the ``torch.compile``
+                      backend (True is "inductor"; "eager" traces only, for tests). A ``reduce`` hook
+                      runs eagerly between the compiled pieces.
       fuse:           K > 1 fuses K steps into one compiled call (``fwdtrain.compile_steps``; implies
                       compile) wherever K steps fit before the next event; single compiled steps fill
                       the gaps. Pick K dividing record_every and check_every (e.g. 4..16).
