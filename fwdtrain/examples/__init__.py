@@ -10,9 +10,9 @@ from typing import Callable
 from ._example import Example
 from .calibration import double_well_calibration, double_well_moments, ou_calibration
 from .lqr import linear_control_cost, linear_slope, lqr_1d
-from .lqr_nd import LQR, lqr_nd, lqr_problem, random_lqr, riccati
+from .lqr_riccati import LQR, lqr_nd, lqr_problem, random_lqr, riccati
 from .noisy import noisy_control, noisy_cost, noisy_optimal_gain
-from .sgdct_ou import ou_path, sgdct_ou
+from .ou_sgdct import ou_path, sgdct_ou
 
 REGISTRY: dict[str, Callable[..., Example]] = {
     "lqr-1d": lqr_1d,
