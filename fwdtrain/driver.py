@@ -294,6 +294,11 @@ def setup(
     trainable = as_trainable(problem)
     trainable.check(state, dt, lr)
     resolved = trainable.resolve_mode(state, mode)
+    compiling = compile is not False or fuse > 1
+    if compiling and mode == "auto":
+        # torch 2.13's dynamo cannot trace forward mode (jvp under vmap fails in fake-tensor propagation,
+        # so the compiled step would fall back to eager): compile the reverse-mode step instead
+        resolved = "reverse"
     if not within(state, bound):
         raise ValueError("the initial state has non-finite entries" + (f" or entries above bound={bound}" if bound else ""))
     if checkpoint is not None:
@@ -313,7 +318,7 @@ def setup(
                              f"pass the history that was returned (or saved) with this state")
     source = _noise_source(noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)
     schedule = _schedule(lr, state)
-    chosen = kernels(trainable, dt, resolved, reduce, schedule, True if compile is False and fuse > 1 else compile, fuse)
+    chosen = kernels(trainable, dt, resolved, reduce, schedule, True if compile is False and compiling else compile, fuse)
     show = steps > 0 and progress_enabled(progress)
     events = Events(record_every, check_every, callback_every if callback is not None else None,
                     progress_every if show else None, checkpoint.every if checkpoint is not None else None)

@@ -449,3 +449,35 @@ def test_benchmark_quick(monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("processes")]
     assert [line.split()[1] for line in lines] == ["1", "2"]
     assert all(float(line.split("particle-steps/s")[1].split()[0].replace(",", "")) > 0 for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# 0.2: the compiled and fused kernels under a group (the gradient collective runs between compiled pieces)
+
+
+def _compiled_worker(particles: int):
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
+    out = {}
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name, options in (("eager", {}), ("compiled", {"compile": "eager"}),
+                              ("fused", {"compile": "eager", "fuse": 4})):
+            out[name] = D.distributed_run(ex.sde, state, 20, DT, LR, seed=SEED, record_every=10, check_every=10,
+                                          **options)
+    out["fallbacks"] = [str(w.message) for w in caught if "eagerly instead" in str(w.message)]
+    return out
+
+
+def test_compile_and_fuse_under_a_group_equal_the_eager_run():
+    ranks = D.launch(_compiled_worker, 2, (3,), timeout=4 * LAUNCH_TIMEOUT)
+    for out in ranks:
+        assert out["fallbacks"] == []  # compiled, not fallen back to eager
+        eager_state, eager_history = out["eager"]
+        for name in ("compiled", "fused"):
+            state, history = out[name]
+            for a, b in zip(ft._tree.leaves((eager_state, eager_history.cost)), ft._tree.leaves((state, history.cost))):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    theta0 = ft._tree.leaves(ranks[0]["fused"][0].theta)
+    assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(ranks[1]["fused"][0].theta)))
