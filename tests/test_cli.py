@@ -166,3 +166,11 @@ def test_calibration_and_sgdct_compile_through_the_cli_and_equal_eager(capsys):
         assert compiled["steps"] == eager["steps"] == 60
         for name, metric in eager["metrics"].items():
             assert compiled["metrics"][name]["learned"] == pytest.approx(metric["learned"], rel=1e-9, abs=1e-12)
+
+
+def test_each_problem_has_its_own_one_line_help(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, builder in examples.REGISTRY.items():
+        assert builder.summary and "\n" not in builder.summary
+        assert builder.summary[:40] in " ".join(out.split()), name
