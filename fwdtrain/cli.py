@@ -354,9 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # a torchrun environment given only in part
         print(f"fwdtrain: error: {error}", file=sys.stderr)
         return 2
-    except RuntimeError as error:  # joining or leaving a group failed (a peer gone): say so on every rank
-        where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
-        print(f"fwdtrain: {where}error: the process group failed: {error}", file=sys.stderr)
+    except RuntimeError as error:  # in a group (e.g. a peer gone while joining it): every rank says why
+        if distributed.world_size() <= 1:
+            raise
+        print(f"fwdtrain: rank {distributed.rank()}: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     finally:  # after a run, every rank waits for rank 0's evaluation and plots, then all leave together
         distributed.destroy_process_group(wait=EXIT_WAIT if status in (0, 130) else None)
@@ -365,7 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace, explicit: bool) -> int:
     def fail(message: str, status: int, every_rank: bool = False) -> int:
         if every_rank or distributed.is_main():  # the same error on every rank is printed once
-            where = f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized() else ""
+            where = (f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized()
+                     and not message.startswith(f"rank {distributed.rank()}:") else "")
             print(f"fwdtrain: {where}error: {message}", file=sys.stderr)
         return status
 

@@ -481,3 +481,27 @@ def test_compile_and_fuse_under_a_group_equal_the_eager_run():
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     theta0 = ft._tree.leaves(ranks[0]["fused"][0].theta)
     assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(ranks[1]["fused"][0].theta)))
+
+
+def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
+    """RANK/WORLD_SIZE set by hand (no torchrun agent): kill rank 0 mid-run; rank 1 exits 1 and says why."""
+    import signal
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    argv = [sys.executable, "-m", "fwdtrain", "lqr-1d", "--steps", "10000000", "--no-plot"]
+    ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        time.sleep(15)
+        ranks[0].send_signal(signal.SIGKILL)
+        _, err = ranks[1].communicate(timeout=180)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+    assert ranks[1].returncode == 1
+    assert err.startswith("fwdtrain: ") and "error: rank 1:" in err and "Traceback" not in err
