@@ -21,7 +21,7 @@ import torch
 
 from .. import _checks
 from .._tree import squared_norm, tree_map
-from ..checkpointing import Checkpointing, as_checkpointing, probe
+from ..checkpointing import Checkpointing, CheckpointWriteError, as_checkpointing, probe
 from ..driver import Loop, setup
 from ..errors import DivergenceError
 from ..euler import LearningRate
@@ -30,6 +30,7 @@ from ..progress import ProgressBar, progress_enabled
 from ..sensitivity import Mode
 from ..state import State
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
+from .checkpoint import save_group
 from .group import GroupError, group_mean, is_main, print_main, require_group, world_size
 from .reduce import GradientMean, gradient_mean
 from .seeds import rank_seed
@@ -142,8 +143,13 @@ def distributed_run(
             raise stop from error
 
     def save(at: State, hist: History) -> None:
-        from .checkpoint import save_group  # deferred: .checkpoint imports the group module lazily too
-        save_group(checkpoint.path, at, hist, metadata=checkpoint.metadata)
+        try:
+            save_group(checkpoint.path, at, hist, metadata=checkpoint.metadata)
+        except OSError as failed:  # rank 0 could not write: keep the results (as run does)
+            path = os.fspath(checkpoint.path)
+            raise CheckpointWriteError(f"could not save the checkpoint {path!r}: {failed.strerror or failed}; the "
+                                       f"run's state and history are in this error's .state and .history",
+                                       path=path, state=at, history=hist) from None
 
     agree(state, start, code, error)
     assert loop is not None  # every rank passed the first check
