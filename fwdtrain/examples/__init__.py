@@ -1,9 +1,10 @@
 """Built-in problems. Each returns an ``Example``: the SDE, a starting point, defaults that train,
 and what is known about the optimum. ``REGISTRY`` maps command-line names to the builders.
 
-Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own). Examples whose
-``train`` is set (calibration, SGDCT) are trained by ``example.train(state, steps, seed)`` instead of the
-cost-form ``fwdtrain.run``."""
+Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own) and carry a one-line
+``summary`` (the command line's help). Every example trains through ``fwdtrain.run``:
+``example.train(state, steps, seed)``; calibration and SGDCT examples name their ``problem`` (a
+``fwdtrain.trainable.Trainable``), SGDCT also its ``start`` and observed ``data``."""
 
 from typing import Callable
 
