@@ -6,8 +6,10 @@ is immutable, and ``step`` is a pure function: state in, new state out.
 
 from . import calibration, distributed, examples, noise, schedules, sgdct
 from .checkpoint import Checkpoint, load, save
+from .checkpointing import CheckpointWriteError, Checkpointing
 from .compiled import compile_advance, compile_steps
-from .driver import History, run, step_function
+from .driver import run, step_function
+from .history import History
 from .errors import CheckpointError, DivergenceError
 from .evaluate import CostEstimate, stationary_cost
 from .model import Model, functional, mlp
@@ -17,13 +19,15 @@ from .sensitivity import Linearisation, linearise
 from .state import State, init, noise_dim
 from .euler import StepInfo
 from .stepping import step, step_with_info
+from .trainable import CostForm, Trainable
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
     "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
     "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
-    "DivergenceError", "CheckpointError", "compile_advance", "compile_steps",
+    "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
+    "CheckpointWriteError", "Trainable", "CostForm",
 ]

@@ -17,13 +17,13 @@ unbiased estimate of (E phi_j - m_j) dE[phi_j]/dtheta and G of grad J. (A runnin
 average of phi would also work, but it lags theta and needs its own time scale; the
 split needs nothing and costs no extra particles beyond an even N.)
 X and Xtilde are advanced by the same Euler-Maruyama update as in ``fwdtrain.step``;
-theta <- theta - alpha h G. Training runs through ``fwdtrain.run``, which accepts a
-``Calibration`` in place of an SDE (``run`` below is that call).
+theta <- theta - alpha h G. A ``Calibration`` is a ``fwdtrain.trainable.Trainable``: ``fwdtrain.run``
+trains it like an SDE (compiled, fused and distributed included; ``run`` below is that call).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -31,11 +31,10 @@ from ._tree import tree_map
 from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
 from .state import State, init as _init_state, noise_dim
-from .euler import GradientReduce, LearningRate, descend, euler_update, learning_rate
+from .driver import run as driver_run
+from .euler import GradientReduce, LearningRate, StepInfo, descend, euler_update, learning_rate
+from .history import History
 from .stepping import check_step_inputs
-
-if TYPE_CHECKING:
-    from .driver import History
 
 Observables = Callable[[Theta, torch.Tensor], torch.Tensor]
 
@@ -48,6 +47,31 @@ class Calibration(NamedTuple):
     observables: Observables
     targets: torch.Tensor
     weights: torch.Tensor
+
+    # ---- the fwdtrain.trainable.Trainable protocol: what fwdtrain.run needs ----
+    def check(self, state: State, dt: Any, lr: Any) -> None:
+        """The input checks of ``step`` (an even N included), for a step of size dt at rate lr."""
+        m = noise_dim(self.sde, state.theta, state.x)
+        check_inputs(self, state, torch.zeros((state.particles, m), dtype=state.x.dtype, device=state.x.device),
+                     dt, lr)
+
+    def resolve_mode(self, state: State, mode: Mode) -> str:
+        """The derivative mode "auto" stands for (the cheaper for these outputs), or ``mode`` itself."""
+        return resolve_mode(self, state, mode)
+
+    def noise_shape(self, state: State) -> tuple[int, ...]:
+        """(N, m): Brownian increments of the SDE."""
+        return (state.particles, noise_dim(self.sde, state.theta, state.x))
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
+                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+        """``calibration.advance`` with its info read as ``StepInfo(cost=objective, gradient=G)``."""
+        new_state, info = advance(self, state, dw, dt, alpha, mode, reduce)
+        return new_state, StepInfo(info.objective, info.gradient)
+
+    def record(self, state: State) -> Any:
+        """theta, recorded in the history."""
+        return state.theta
 
 
 class CalibrationInfo(NamedTuple):
@@ -128,13 +152,15 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
     return State(x, x_tilde, theta, state.t + dt), info
 
 
-def _resolve(problem: Calibration, state: State, mode: Mode) -> str:
+def resolve_mode(problem: Calibration, state: State, mode: Mode) -> str:
+    """The derivative mode for this problem and state: ``mode``, or for "auto" the cheaper by output count."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return choose_mode(mode, state.theta, _coefficients(problem)(state.theta, state.x[0]))
 
 
-def _check(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
+def check_inputs(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
+    """Raise a clear error for anything ``step`` cannot use (an odd N, a dw of the wrong shape, ...)."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"expected a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
     check_step_inputs(problem.sde, state, dw, dt, lr)
@@ -148,8 +174,8 @@ def _check(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: An
 def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
                    *, mode: Mode = "auto") -> tuple[State, CalibrationInfo]:
     """One pure calibration step and its ``CalibrationInfo`` at time n."""
-    _check(problem, state, dw, dt, lr)
-    return advance(problem, state, dw, dt, learning_rate(lr, state.t), _resolve(problem, state, mode))
+    check_inputs(problem, state, dw, dt, lr)
+    return advance(problem, state, dw, dt, learning_rate(lr, state.t), resolve_mode(problem, state, mode))
 
 
 def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
@@ -166,10 +192,8 @@ def run(problem: Calibration, state: State, steps: int, dt: float, lr: LearningR
     since the previous record) and |G| as ``grad_norm``; noise, checks, checkpoints and the
     other options are those of ``fwdtrain.run``.
     """
-    from .driver import run as driver_run  # deferred: the driver imports this module
-
     return driver_run(problem, state, steps, dt, lr, seed, **options)
 
 
 __all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step",
-           "step_with_info", "advance", "run"]
+           "step_with_info", "advance", "check_inputs", "resolve_mode", "run"]

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .driver import History
+from .history import History
 from .errors import CheckpointError
 from .state import State
 

@@ -1,9 +1,20 @@
 """Command line: ``python -m fwdtrain [problem] [options]`` trains a built-in problem and prints
 the learned quantities against the known optimum (``lqr-1d`` when no problem is named).
 
-Exit status: 0 on success, 2 on bad options or an unreadable checkpoint, 3 on divergence,
-130 when interrupted with Ctrl-C (after printing the results so far and saving the checkpoint),
-1 when another rank of a process group failed.
+Exit status:
+  0    success
+  1    another rank of a process group failed or was lost (every rank that leaves says why on stderr)
+  2    bad options, or a --checkpoint path that cannot be written (checked before the first step), or a
+       --resume checkpoint that is unreadable, damaged, of another problem or shape, saved without a
+       history, or resumed with a different --seed
+  3    divergence (the last finite state is saved to --checkpoint when given)
+  4    training finished but the checkpoint could not be saved: the results are printed, the error
+       names the path
+  130  interrupted with Ctrl-C (after printing the results so far and saving the checkpoint; a second
+       Ctrl-C during the evaluation skips it and still prints the training results)
+
+Every problem trains through ``fwdtrain.run`` (``--compile``, ``--fuse``, ``--checkpoint`` and
+``--resume`` apply to all of them); SGDCT estimates from observed paths in a single process.
 
 Under ``torchrun --nproc-per-node R -m fwdtrain ...`` every rank runs this same command: each
 simulates ``--particles`` particles with its own noise (``distributed.rank_seed``), the gradient
@@ -25,10 +36,11 @@ from typing import Any, Sequence
 import torch
 
 from . import distributed, examples, plotting, schedules
+from ._tree import leaves_with_paths
 from .checkpoint import load, save
+from .checkpointing import Checkpointing, CheckpointWriteError
 from .driver import run
 from .errors import CheckpointError, DivergenceError
-from .state import init
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 # Where the command line's defaults should differ from an example builder's, per problem (none now:
@@ -36,6 +48,7 @@ SCHEDULES = ("constant", "inverse-time", "staged")
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 EXIT_WAIT = 600.0  # seconds the other ranks of a group wait at exit for rank 0 to finish
+EXIT_CHECKPOINT = 4  # trained, but the checkpoint could not be written
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,9 +103,11 @@ def _options() -> argparse.ArgumentParser:
     add("--compile", action="store_true", help="run each step through torch.compile (compiles for seconds first)")
     add("--fuse", type=_positive_int, default=1, metavar="K", help="fuse K steps into one compiled call "
         "(implies --compile; K dividing --record-every, e.g. 4 to 16)")
-    add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every --checkpoint-every steps")
+    add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every "
+        "--checkpoint-every steps (the folder must exist and be writable; checked before the first step)")
     add("--checkpoint-every", type=_positive_int, default=10_000, metavar="STEPS", help="default 10000")
-    add("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
+    add("--resume", metavar="PATH", help="continue the run saved in this checkpoint (its seed, dt, particles "
+        "and dtype; a different --seed is refused)")
     add("--plot", metavar="PATH", help="write the PNG here (default fwdtrain-<problem>.png)")
     add("--no-plot", action="store_true", help="do not write a plot")
     add("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a terminal)")
@@ -108,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
     common = _options()
     for name, builder in examples.REGISTRY.items():
-        summary = (builder.__doc__ or "").strip().splitlines()[0] if builder.__doc__ else name
+        summary = getattr(builder, "summary", None) or name
         sub.add_parser(name, parents=[common], help=summary, description=summary)
     return parser
 
@@ -140,16 +155,19 @@ def _learning_rate(example, lr: float | None, name: str | None, offset: float):
     return (lambda t: own(t) * factor), base
 
 
-def _check_own_trainer(args: argparse.Namespace, problem: str, grouped: bool) -> None:
-    """Problems trained by their own algorithm take their own dt and schedule, in one process."""
-    refused = [flag for flag, given in (("--lr", args.lr is not None), ("--schedule", args.schedule),
-                                        ("--lr-offset", args.lr_offset), ("--checkpoint", args.checkpoint),
-                                        ("--resume", args.resume), ("--compile", args.compile),
-                                        ("--fuse", args.fuse > 1), ("torchrun", grouped)) if given]
-    if refused:
-        raise ValueError(f"{problem} is trained by its own algorithm (example.train), which does not take "
-                         f"{', '.join(refused)}; set the learning rate through fwdtrain.examples.REGISTRY"
-                         f"[{problem!r}](lr=...) from Python")
+def _check_fits(path: str, saved: Any, expected: Any) -> None:
+    """Refuse a resumed state whose leaves (paths, shapes, dtypes) differ from the problem's first state."""
+    have = [(where, tuple(leaf.shape), leaf.dtype) for where, leaf in leaves_with_paths(saved)]
+    want = [(where, tuple(leaf.shape), leaf.dtype) for where, leaf in leaves_with_paths(expected)]
+    if have == want:
+        return
+    for a, b in zip(have, want):
+        if a != b:
+            raise CheckpointError(f"--resume {path}: the saved state does not fit this problem: "
+                                  f"{a[0]} is {list(a[1])} {a[2]}, the problem needs {b[0]} {list(b[1])} {b[2]} "
+                                  f"(a checkpoint of another problem, size or dtype?)")
+    raise CheckpointError(f"--resume {path}: the saved state has {len(have)} tensors, this problem's has "
+                          f"{len(want)} (a checkpoint of another problem?)")
 
 
 def _relative_error(learned: float, reference: float) -> float:
@@ -163,21 +181,60 @@ def _first(reference: dict, *names: str) -> float | None:
     return None
 
 
+def _resume(args: argparse.Namespace, explicit_problem: bool, grouped: bool):
+    """(checkpoint, saved metadata) of --resume, or (None, {})."""
+    if not args.resume:
+        return None, {}
+    checkpoint = distributed.load_group(args.resume) if grouped else load(args.resume)
+    saved = dict(checkpoint.metadata)
+    saved.pop("ranks", None)
+    if not grouped and saved.get("world_size", 1) != 1:
+        raise ValueError(f"--resume {args.resume} holds a run of {saved['world_size']} processes; resume it "
+                         f"with torchrun --nproc-per-node {saved['world_size']} -m fwdtrain ...")
+    if explicit_problem and saved.get("problem", args.problem) != args.problem:
+        raise CheckpointError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
+    if checkpoint.history is None:
+        raise CheckpointError(f"--resume {args.resume} holds a state saved without its history, so the step count "
+                              f"and the noise position are unknown (the noise would restart at step 0 while t = "
+                              f"{float(checkpoint.state.t):.6g}); continue it from Python with "
+                              f"fwdtrain.run(..., noise=...) or start a new run")
+    return checkpoint, saved
+
+
+def _evaluate(args: argparse.Namespace, example: Any, problem: str, state: Any, history: Any,
+              size: int) -> tuple[dict, str | None, str | None, float, bool]:
+    """(metrics, plot path, note, seconds, interrupted): learned against reference, and the plot; Ctrl-C
+    (a second one, after an interrupted training) skips what is left."""
+    start = time.perf_counter()
+    metrics: dict[str, Any] = {}
+    plot, note = None, None
+    try:
+        learned = example.evaluate(state.theta)
+        metrics = {name: {"learned": float(learned[name]), "reference": float(reference),
+                          "relative_error": _relative_error(float(learned[name]), float(reference))}
+                   for name, reference in example.reference.items() if name in learned}
+        if not args.no_plot:
+            if plotting.available():
+                optimal_slope = _first(example.reference, "slope", "optimal_slope")
+                control = getattr(example.sde, "control", None)
+                plot = plotting.plot_run(
+                    args.plot or f"fwdtrain-{problem}.png", history, control=control, theta=state.theta,
+                    optimal_control=(lambda xs: optimal_slope * xs) if optimal_slope is not None else None,
+                    optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
+                    title=f"{problem}: {history.steps} steps, dt {example.dt}, {size * example.particles} particles")
+            else:
+                note = plotting.INSTALL_HINT
+    except KeyboardInterrupt:
+        note = "evaluation interrupted (Ctrl-C): the training results are complete, the comparison is not"
+        return metrics, plot, note, time.perf_counter() - start, True
+    return metrics, plot, note, time.perf_counter() - start, False
+
+
 def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     """Train and evaluate; the result on rank 0, {"quiet": True, "interrupted": ...} on the other ranks."""
     grouped = distributed.is_initialized()
     size = distributed.world_size() if grouped else 1
-    checkpoint = None
-    saved: dict[str, Any] = {}
-    if args.resume:
-        checkpoint = distributed.load_group(args.resume) if grouped else load(args.resume)
-        saved = dict(checkpoint.metadata)
-        saved.pop("ranks", None)
-        if not grouped and saved.get("world_size", 1) != 1:
-            raise ValueError(f"--resume {args.resume} holds a run of {saved['world_size']} processes; resume it "
-                             f"with torchrun --nproc-per-node {saved['world_size']} -m fwdtrain ...")
-        if explicit_problem and saved.get("problem", args.problem) != args.problem:
-            raise ValueError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
+    checkpoint, saved = _resume(args, explicit_problem, grouped)
     problem = saved.get("problem", args.problem)
     if problem not in examples.REGISTRY:
         raise ValueError(f"unknown problem {problem!r}; choose one of {sorted(examples.REGISTRY)}")
@@ -187,49 +244,45 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
         options["dtype"] = DTYPES[saved["dtype"]]
     given = {"particles": args.particles, "dt": args.dt, "seed": args.seed, "steps": args.steps,
              "dtype": DTYPES[args.dtype] if args.dtype else None}
-    for key in ("particles", "dt", "dtype"):
+    for key in ("particles", "dt", "dtype", "seed"):
         if checkpoint is not None and given[key] is not None and key in options and given[key] != options[key]:
-            raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}")
+            why = (f"; the resumed noise continues seed {saved[key]}'s stream: drop --seed (or start a new run)"
+                   if key == "seed" else "")
+            raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}{why}")
     options.update({key: value for key, value in given.items() if value is not None})
     example = examples.REGISTRY[problem](**options)
+    seed = options.get("seed", 0)
     schedule_name = args.schedule or defaults.get("schedule")
     lr_offset = args.lr_offset or defaults.get("lr_offset") or 50.0
     lr, lr0 = _learning_rate(example, args.lr if args.lr is not None else defaults.get("lr"), schedule_name,
                              lr_offset)
+    if grouped and example.data is not None:
+        raise ValueError(f"{problem} estimates from observed paths in one process; run it without torchrun")
     if checkpoint is not None:
         state, history = checkpoint.state, checkpoint.history
-        if state.x.shape[0] != example.particles or state.x.dtype != example.x0.dtype:
-            raise ValueError(f"--resume {args.resume}: the saved state has {state.x.shape[0]} particles of "
-                             f"{state.x.dtype}, the problem {example.particles} of {example.x0.dtype}")
+        _check_fits(args.resume, state, example.initial_state())
     else:
-        state, history = init(example.sde, example.theta, example.x0, example.particles), None
+        state, history = example.initial_state(), None
     done = history.steps if history is not None else 0
     remaining = max(example.steps - done, 0)
     metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
-                "seed": options.get("seed", 0), "dtype": str(example.x0.dtype).removeprefix("torch."),
+                "seed": seed, "dtype": str(example.x0.dtype).removeprefix("torch."),
                 "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
     if grouped:
         metadata["world_size"] = size
-    progress = False if args.no_progress or args.json else None
-    compiled = {"compile": args.compile or args.fuse > 1, "fuse": args.fuse}
-    if example.train is not None:
-        _check_own_trainer(args, problem, grouped)
-    elif grouped and compiled["compile"]:
-        raise ValueError("--compile and --fuse are not supported under torchrun yet; drop them")
+    saving = Checkpointing(args.checkpoint, args.checkpoint_every, metadata) if args.checkpoint else None
+    common = dict(history=history, record_every=args.record_every, checkpoint=saving,
+                  progress=False if args.no_progress or args.json else None,
+                  compile=args.compile or args.fuse > 1, fuse=args.fuse)
+    unsaved = None
     start = time.perf_counter()
     try:
-        if example.train is not None:  # a problem with its own algorithm (calibration, SGDCT)
-            state, history = example.train(state, remaining, options.get("seed", 0), record_every=args.record_every)
-        elif grouped:  # the same run on every rank; the group's gradient, per-rank noise
-            state, history = distributed.distributed_run(
-                example.sde, state, remaining, example.dt, lr, options.get("seed", 0), history=history,
-                record_every=args.record_every, check_every=min(100, args.record_every), progress=progress,
-                checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, metadata=metadata)
+        if grouped:  # the same run on every rank; the group's gradient, per-rank noise
+            state, history = distributed.distributed_run(example.trainable, state, remaining, example.dt, lr, seed,
+                                                         check_every=min(100, args.record_every), **common)
         else:
-            state, history = run(example.sde, state, remaining, example.dt, lr, options.get("seed", 0),
-                                 history=history, record_every=args.record_every, progress=progress,
-                                 checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                                 metadata=metadata, **compiled)
+            noise = example.data(seed, example.steps) if example.data is not None else None
+            state, history = run(example.trainable, state, remaining, example.dt, lr, seed, noise=noise, **common)
     except DivergenceError as error:
         if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
             save(args.checkpoint, error.state, error.history, metadata=metadata)
@@ -241,34 +294,21 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             error.args = (f"{error.args[0]}; the last state every rank agreed on (step {error.history.steps}) "
                           f"is saved in {args.checkpoint}",)
         raise
+    except CheckpointWriteError as error:  # trained, not saved: report the results all the same
+        state, history, unsaved = error.state, error.history, str(error)
     wall = time.perf_counter() - start
     if not distributed.is_main():
         return {"quiet": True, "interrupted": bool(history.interrupted)}
-    start = time.perf_counter()
-    learned = example.evaluate(state.theta)
-    evaluation = time.perf_counter() - start
-    metrics = {name: {"learned": float(learned[name]), "reference": float(reference),
-                      "relative_error": _relative_error(float(learned[name]), float(reference))}
-               for name, reference in example.reference.items() if name in learned}
-    plot, plot_note = None, None
-    if not args.no_plot:
-        if plotting.available():
-            optimal_slope = _first(example.reference, "slope", "optimal_slope")
-            control = getattr(example.sde, "control", None)
-            plot = plotting.plot_run(
-                args.plot or f"fwdtrain-{problem}.png", history, control=control, theta=state.theta,
-                optimal_control=(lambda xs: optimal_slope * xs) if optimal_slope is not None else None,
-                optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
-                title=f"{problem}: {history.steps} steps, dt {example.dt}, {size * example.particles} particles")
-        else:
-            plot_note = plotting.INSTALL_HINT
+    metrics, plot, plot_note, evaluation, cut_short = _evaluate(args, example, problem, state, history, size)
     taken = history.steps - done
     return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
             "dt": example.dt, "particles": example.particles, "processes": size, "dtype": metadata["dtype"], "lr": lr0,
             "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
-            or "problem default", "seed": metadata["seed"], "wall_s": wall,
+            or "problem default", "seed": seed, "wall_s": wall,
             "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
-            "plot": plot, "plot_note": plot_note, "checkpoint": args.checkpoint, "interrupted": bool(history.interrupted)}
+            "plot": plot, "plot_note": plot_note, "checkpoint": None if unsaved else args.checkpoint,
+            "checkpoint_error": unsaved,
+            "interrupted": bool(history.interrupted) or cut_short}
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -290,6 +330,8 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(f"plot: {result['plot']}")
     if result["plot_note"]:
         lines.append(result["plot_note"])
+    if result.get("checkpoint_error"):
+        lines.append(f"checkpoint NOT saved: {result['checkpoint_error']}")
     return "\n".join(lines)
 
 
@@ -312,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # a torchrun environment given only in part
         print(f"fwdtrain: error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # in a group (e.g. a peer gone while joining it): every rank says why
+        if distributed.world_size() <= 1:
+            raise
+        print(f"fwdtrain: rank {distributed.rank()}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     finally:  # after a run, every rank waits for rank 0's evaluation and plots, then all leave together
         distributed.destroy_process_group(wait=EXIT_WAIT if status in (0, 130) else None)
 
@@ -319,7 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace, explicit: bool) -> int:
     def fail(message: str, status: int, every_rank: bool = False) -> int:
         if every_rank or distributed.is_main():  # the same error on every rank is printed once
-            where = f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized() else ""
+            where = (f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized()
+                     and not message.startswith(f"rank {distributed.rank()}:") else "")
             print(f"fwdtrain: {where}error: {message}", file=sys.stderr)
         return status
 
@@ -327,13 +375,17 @@ def _main(args: argparse.Namespace, explicit: bool) -> int:
         result = _train(args, explicit)
     except DivergenceError as error:
         return fail(str(error), 3)
-    except distributed.GroupError as error:
-        return fail(str(error), 3 if error.reason == "non-finite" else 1)
+    except distributed.GroupError as error:  # a rank whose peers are gone (rank 0 among them) says why itself
+        return fail(str(error), 3 if error.reason == "non-finite" else 1, every_rank=error.reason == "lost")
     except (ValueError, TypeError, CheckpointError) as error:
         return fail(str(error), 2)
     if not result.get("quiet"):
         print(json.dumps(result) if args.json else _table(result))
-    return 130 if result["interrupted"] else 0
+        if result.get("checkpoint_error"):
+            print(f"fwdtrain: error: {result['checkpoint_error']}", file=sys.stderr)
+    if result["interrupted"]:
+        return 130
+    return EXIT_CHECKPOINT if result.get("checkpoint_error") else 0
 
 
 __all__ = ["main", "build_parser"]

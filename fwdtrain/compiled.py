@@ -22,6 +22,7 @@ the function warns once and runs the same code eagerly from then on.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -48,14 +49,15 @@ FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
-    def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None) -> None:
+    def __init__(self, fn: Callable, what: str, backend: str | Callable, options: dict | None,
+                 fullgraph: bool = True) -> None:
         from torch._dynamo.exc import RecompileError  # deferred: importing dynamo takes seconds
 
         self.recompile_error = RecompileError
         self.eager = fn
         self.what = what
         extra = {"options": dict(options)} if options and backend == "inductor" else {}
-        self.compiled: Callable | None = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, **extra)
+        self.compiled: Callable | None = torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None:
@@ -100,13 +102,24 @@ def _check_mode(mode: str) -> None:
                          f"fwdtrain.euler.resolve_step_mode), got {mode!r}")
 
 
+def _advance_of(problem: Any) -> Callable[..., tuple[State, StepInfo]]:
+    """The problem's unchecked step ``(state, dw, dt, alpha, mode, reduce)``: ``euler.advance`` for an SDE,
+    the ``advance`` method of any other ``fwdtrain.trainable.Trainable`` (a calibration, SGDCT)."""
+    return functools.partial(advance, problem) if isinstance(problem, SDE) else problem.advance
+
+
+def _outside_graph(reduce: GradientReduce | None) -> GradientReduce | None:
+    """A gradient hook run eagerly between compiled pieces (it may make collectives or count calls)."""
+    return None if reduce is None else torch._dynamo.disable(reduce)
+
+
 def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     """alpha as a 0-d tensor like t, so that a new value is new data, not a new graph."""
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
 
 
 def compile_advance(
-    sde: SDE, dt: float, mode: str, reduce: GradientReduce | None = None, *,
+    sde: Any, dt: float, mode: str, reduce: GradientReduce | None = None, *,
     backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
 ) -> OneStep:
     """``advance(sde, ., ., dt, ., mode, reduce)`` compiled: ``one_step(state, dw, alpha) -> (State, StepInfo)``.
@@ -120,12 +133,14 @@ def compile_advance(
     """
     _check_mode(mode)
     _checks.check_dt(dt)
+    kernel = _advance_of(sde)
+    fullgraph, reduce = reduce is None, _outside_graph(reduce)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
-        new_state, info = advance(sde, state, dw, dt, alpha, mode, reduce)
+        new_state, info = kernel(state, dw, dt, alpha, mode, reduce)
         return canonical_strides(new_state), info
 
-    compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options, fullgraph)
 
     def call(state: State, dw: torch.Tensor, alpha: Any) -> tuple[State, StepInfo]:
         return compiled(state, dw, _as_scalar(alpha, state.t))
@@ -134,7 +149,7 @@ def compile_advance(
 
 
 def compile_steps(
-    sde: SDE, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
+    sde: Any, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
     *, backend: str | Callable = "inductor", options: dict | None = FUSED_OPTIONS,
 ) -> FusedSteps:
     """K = ``steps`` steps of ``advance`` in one compiled call: ``fused(state, noise) -> (State, StepInfo)``.
@@ -153,21 +168,23 @@ def compile_steps(
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
+    kernel = _advance_of(sde)
+    fullgraph, reduce = reduce is None, _outside_graph(reduce)
 
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []
         for k in range(steps):
-            state, info = advance(sde, state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
+            state, info = kernel(state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
             costs.append(info.cost)
             gradients.append(info.gradient)
         return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
 
-    compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options)
+    compiled = CompiledOrEager(fused, f"{steps} fused steps (mode={mode!r})", backend, options, fullgraph)
 
     def call(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
-        if not isinstance(noise, torch.Tensor) or noise.ndim != 3 or noise.shape[:2] != (steps, state.particles):
+        if not isinstance(noise, torch.Tensor) or noise.ndim < 2 or noise.shape[:2] != (steps, state.x.shape[0]):
             shape = tuple(noise.shape) if isinstance(noise, torch.Tensor) else type(noise).__name__
-            raise ValueError(f"noise must have shape (steps, particles, m) = ({steps}, {state.particles}, m), "
+            raise ValueError(f"noise must have shape (steps, particles, m) = ({steps}, {state.x.shape[0]}, m), "
                              f"got {shape}")
         return compiled(state, noise)
 

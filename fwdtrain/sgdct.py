@@ -23,10 +23,12 @@ from torch.func import vjp, vmap
 
 from . import _checks
 from ._tree import squared_norm, tree_map
-from .driver import History, _build_history
+from .driver import run
+from .euler import GradientReduce, LearningRate, StepInfo, learning_rate
+from .history import History
 from .problem import SDE, Theta
-from .state import evaluate_once
-from .euler import LearningRate, learning_rate
+from .sensitivity import Mode
+from .state import State, evaluate_once
 
 
 class SGDCTState(NamedTuple):
@@ -83,7 +85,58 @@ def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: 
     return SGDCTState(theta, state.t + dt), info
 
 
-def _check(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any) -> None:
+class DriftEstimation(NamedTuple):
+    """SGDCT on an observed path as a ``fwdtrain.trainable.Trainable``, so that ``fwdtrain.run`` trains it.
+
+    The driver's state is ``State(x=X_n, x_tilde=(), theta, t)`` (see ``as_state``): x is the current
+    observation of P paths, (P, d); the "noise" of step n is the observed increment dX_n, (P, d)
+    (pass the increments (n, P, d) as ``noise=``). The step is ``advance`` followed by x <- x + dX_n;
+    the recorded cost is the step's ``loss`` and the gradient its ``direction``. ``single=True``:
+    one path, held as (1, d) and stepped as the (d,) observation of ``step``.
+    """
+
+    sde: SDE
+    single: bool = False
+
+    def check(self, state: State, dt: Any, lr: Any) -> None:
+        """The input checks of ``step`` for the observation state.x."""
+        if not isinstance(state, State):
+            raise TypeError(f"expected a fwdtrain.State (from sgdct.as_state), got {type(state).__name__}")
+        x = state.x[0] if self.single else state.x
+        check_inputs(self.sde, SGDCTState(state.theta, state.t), x, torch.zeros_like(x), dt, lr)
+
+    def resolve_mode(self, state: State, mode: Mode) -> str:
+        """SGDCT takes one vector-Jacobian product; it has no forward mode."""
+        if mode not in ("auto", "reverse"):
+            raise ValueError(f"SGDCT differentiates the drift in reverse mode only; pass mode='auto', got {mode!r}")
+        return "reverse"
+
+    def noise_shape(self, state: State) -> tuple[int, ...]:
+        """The shape of one observed increment: that of the observation x."""
+        return tuple(state.x.shape)
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
+                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+        """One SGDCT step on the observation x = state.x with increment dw; then x <- x + dw."""
+        if reduce is not None:
+            raise ValueError("SGDCT on one observed path has no gradient to reduce across processes; "
+                             "run it in a single process")
+        x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
+        estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
+        return State(state.x + dw, state.x_tilde, estimate.theta, estimate.t), StepInfo(info.loss, info.direction)
+
+    def record(self, state: State) -> Any:
+        """theta, recorded in the history."""
+        return state.theta
+
+
+def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
+    """The driver's state for ``DriftEstimation``: the observations x0 (P, d) (a single path (d,) as (1, d))
+    with the estimator's theta and t."""
+    return State(x0[None] if x0.ndim == 1 else x0, (), state.theta, state.t)
+
+
+def check_inputs(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any) -> None:
     if not isinstance(sde, SDE):
         raise TypeError(f"sgdct expects a fwdtrain.SDE (its drift is estimated), got {type(sde).__name__}")
     if not isinstance(state, SGDCTState):
@@ -102,7 +155,7 @@ def _check(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any) -> No
 def step_with_info(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
                    lr: LearningRate) -> tuple[SGDCTState, SGDCTInfo]:
     """``step`` that also returns the ``SGDCTInfo`` at step n."""
-    _check(sde, state, x, dx, dt, lr)
+    check_inputs(sde, state, x, dx, dt, lr)
     return advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
 
 
@@ -133,21 +186,14 @@ def fit(sde: SDE, state: SGDCTState, x0: torch.Tensor, increments: torch.Tensor,
                          f"got {tuple(getattr(increments, 'shape', ()))}")
     if increments.shape[0] == 0:
         raise ValueError("increments is empty: pass at least one observed increment")
-    _check(sde, state, x0, increments[0], dt, lr)
-    dtype, device = x0.dtype, x0.device
-    _checks.check_tensor(increments, "increments", dtype, device)
-    records: list = []  # the driver's records: (n, t, cost, grad_norm, average_cost, theta)
-    x, total, window = x0, torch.zeros((), dtype=torch.float64, device=device), 0.0
-    for n, dx in enumerate(increments, start=1):
-        state, info = advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
-        x = x + dx
-        total = total + info.loss
-        if n % record_every == 0 or n == increments.shape[0]:
-            since = n - (n - 1) // record_every * record_every  # steps since the previous record
-            records.append((n, state.t, ((total - window) / since).to(dtype), squared_norm(info.direction).sqrt(),
-                            total / n, state.theta))
-            window = total
-    return state, _build_history(None, records, None, None, False, dtype, device)
+    check_inputs(sde, state, x0, increments[0], dt, lr)
+    _checks.check_tensor(increments, "increments", x0.dtype, x0.device)
+    single = x0.ndim == 1
+    final, history = run(DriftEstimation(sde, single), as_state(state, x0), increments.shape[0], dt, lr,
+                         noise=increments[:, None] if single else increments, record_every=record_every,
+                         progress=False)
+    return SGDCTState(final.theta, final.t), history
 
 
-__all__ = ["SGDCTState", "SGDCTInfo", "init", "step", "step_with_info", "advance", "fit"]
+__all__ = ["SGDCTState", "SGDCTInfo", "DriftEstimation", "as_state", "init", "step", "step_with_info", "advance",
+           "check_inputs", "fit"]

@@ -1,6 +1,8 @@
 """Calibration of stationary distributions: the two-group gradient is unbiased and needs the diffusion
 sensitivity; training recovers the OU closed form and the double well's parameters."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -168,5 +170,12 @@ def test_trains_through_the_driver():
     odd = ft.init(problem.sde, theta, torch.zeros(3, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="even number"):
         ft.run(problem, odd, 10, 0.01, 0.1)
-    with pytest.raises(ValueError, match="compile"):
-        ft.run(problem, state, 10, 0.01, 0.1, compile=True)
+    # 0.2: compile and fuse take a calibration too (dynamo-traced here, quick), equal to the eager run;
+    # compiled without falling back (a fallback warns)
+    eager, eager_history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, mode="reverse", **options)
+    for compiled in ({"compile": "eager"}, {"compile": "eager", "fuse": 3}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            fast, fast_history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, mode="reverse", **compiled, **options)
+        for a, b in zip(leaves((eager, eager_history.cost)), leaves((fast, fast_history.cost))):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

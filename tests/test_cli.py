@@ -152,3 +152,25 @@ def test_readme_quick_start_and_example_run(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), namespace)
     exec(compile(driver, "README.md", "exec"), namespace)
     assert namespace["history"].steps == 60 and (tmp_path / "run.pt").exists()
+
+
+def test_calibration_and_sgdct_compile_through_the_cli_and_equal_eager(capsys):
+    """0.2: every problem trains through run, so --compile (and --fuse) apply to the calibrations and SGDCT."""
+    results = {}
+    for problem, steps in (("ou-calibration", "60"), ("sgdct-ou", "60")):
+        for flags in ([], ["--compile"]):
+            argv = [problem, "--steps", steps, "--particles", "4", "--dtype", "float64", "--no-plot", "--json"]
+            assert cli.main(argv + flags) == 0
+            results[problem, bool(flags)] = json.loads(capsys.readouterr().out)
+        eager, compiled = results[problem, False], results[problem, True]
+        assert compiled["steps"] == eager["steps"] == 60
+        for name, metric in eager["metrics"].items():
+            assert compiled["metrics"][name]["learned"] == pytest.approx(metric["learned"], rel=1e-9, abs=1e-12)
+
+
+def test_each_problem_has_its_own_one_line_help(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, builder in examples.REGISTRY.items():
+        assert builder.summary and "\n" not in builder.summary
+        assert builder.summary[:40] in " ".join(out.split()), name

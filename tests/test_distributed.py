@@ -449,3 +449,59 @@ def test_benchmark_quick(monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("processes")]
     assert [line.split()[1] for line in lines] == ["1", "2"]
     assert all(float(line.split("particle-steps/s")[1].split()[0].replace(",", "")) > 0 for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# 0.2: the compiled and fused kernels under a group (the gradient collective runs between compiled pieces)
+
+
+def _compiled_worker(particles: int):
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
+    out = {}
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name, options in (("eager", {}), ("compiled", {"compile": "eager"}),
+                              ("fused", {"compile": "eager", "fuse": 4})):
+            out[name] = D.distributed_run(ex.sde, state, 20, DT, LR, seed=SEED, record_every=10, check_every=10,
+                                          **options)
+    out["fallbacks"] = [str(w.message) for w in caught if "eagerly instead" in str(w.message)]
+    return out
+
+
+def test_compile_and_fuse_under_a_group_equal_the_eager_run():
+    ranks = D.launch(_compiled_worker, 2, (3,), timeout=4 * LAUNCH_TIMEOUT)
+    for out in ranks:
+        assert out["fallbacks"] == []  # compiled, not fallen back to eager
+        eager_state, eager_history = out["eager"]
+        for name in ("compiled", "fused"):
+            state, history = out[name]
+            for a, b in zip(ft._tree.leaves((eager_state, eager_history.cost)), ft._tree.leaves((state, history.cost))):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    theta0 = ft._tree.leaves(ranks[0]["fused"][0].theta)
+    assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(ranks[1]["fused"][0].theta)))
+
+
+def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
+    """RANK/WORLD_SIZE set by hand (no torchrun agent): kill rank 0 mid-run; rank 1 exits 1 and says why."""
+    import signal
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    argv = [sys.executable, "-m", "fwdtrain", "lqr-1d", "--steps", "10000000", "--no-plot"]
+    ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        time.sleep(15)
+        ranks[0].send_signal(signal.SIGKILL)
+        _, err = ranks[1].communicate(timeout=180)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+    assert ranks[1].returncode == 1
+    assert err.startswith("fwdtrain: ") and "error: rank 1:" in err and "Traceback" not in err

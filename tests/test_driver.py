@@ -1,12 +1,13 @@
 import io
 import sys
+from typing import NamedTuple
 
 import pytest
 import torch
 
 import fwdtrain as ft
 from fwdtrain._tree import leaves, tree_map
-from fwdtrain.driver import _progress_enabled
+from fwdtrain.progress import progress_enabled as _progress_enabled
 
 DT = 0.01
 
@@ -192,3 +193,54 @@ def test_bad_arguments_fail_before_any_step(kwargs, error, match):
         ft.run(sde, state, args.pop("steps"), args.pop("dt"), args.pop("lr"),
                callback=args.pop("callback", lambda n, s: calls.append(n)), callback_every=1, **args)
     assert calls == []
+
+
+def _lqr_state(particles=3):
+    ex = ft.examples.lqr_1d(particles=particles, dtype=torch.float64, hidden=4)
+    return ex.sde, ft.init(ex.sde, ex.theta, ex.x0, particles)
+
+
+def test_the_loop_advances_in_pieces_to_the_same_bits():
+    """setup + Loop.advance_to(k) + advance_to(end) is run: the loop is resumable at any step."""
+    from fwdtrain.driver import Carry, setup
+    sde, state = _lqr_state()
+    final, history = ft.run(sde, state, 57, DT, 0.5, seed=3, record_every=10, progress=False)
+    loop = setup(sde, state, 57, DT, 0.5, seed=3, record_every=10, progress=False)
+    for stop in (1, 13, 13, 40, 100):
+        carry = loop.advance_to(stop)
+        assert isinstance(carry, Carry) and carry.n == min(stop, 57)
+    loop.record_now()
+    pieces = loop.history()
+    assert all(torch.equal(a, b) for a, b in zip(leaves((final, history[:6])), leaves((loop.carry.state, pieces[:6]))))
+
+
+class _Decay(NamedTuple):
+    """A new kind of problem, unknown to the driver: theta <- theta - alpha h (theta - dw), x the running dw."""
+
+    def check(self, state, dt, lr):
+        pass
+
+    def resolve_mode(self, state, mode):
+        return "reverse"
+
+    def noise_shape(self, state):
+        return tuple(state.x.shape)
+
+    def advance(self, state, dw, dt, alpha, mode, reduce=None):
+        gradient = {"a": state.theta["a"] - dw.mean()}
+        theta = {"a": state.theta["a"] - alpha * dt * gradient["a"]}
+        return ft.State(dw, state.x_tilde, theta, state.t + dt), ft.StepInfo(gradient["a"].square(), gradient)
+
+    def record(self, state):
+        return state.theta["a"]
+
+
+def test_any_trainable_runs_through_the_driver():
+    state = ft.State(torch.zeros(2, 1, dtype=torch.float64), (), {"a": torch.tensor(1.0, dtype=torch.float64)},
+                     torch.zeros((), dtype=torch.float64))
+    noise = torch.full((20, 2, 1), 0.5, dtype=torch.float64)
+    final, history = ft.run(_Decay(), state, 20, 0.1, 1.0, noise=noise, record_every=5, progress=False)
+    expected = 0.5 + 0.5 * 0.9 ** 20
+    assert float(final.theta["a"]) == pytest.approx(expected) and history.theta.shape == (4,)
+    with pytest.raises(TypeError, match="expected a problem to train"):
+        ft.run(object(), state, 1, 0.1, 1.0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.examples.lqr_nd import (LQR, linear_control_cost, linear_control_gradient, lqr_nd, lqr_problem,
+from fwdtrain.examples.lqr_riccati import (LQR, linear_control_cost, linear_control_gradient, lqr_nd, lqr_problem,
                                       random_lqr, riccati)
 
 pytest.importorskip("scipy")

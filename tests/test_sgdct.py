@@ -7,7 +7,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import sgdct
-from fwdtrain.examples.sgdct_ou import ou_model, ou_path, sgdct_ou
+from fwdtrain.examples.ou_sgdct import ou_model, ou_path, sgdct_ou
 
 
 def test_step_is_the_formula():

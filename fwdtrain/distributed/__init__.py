@@ -19,7 +19,7 @@ Modules (one job each):
               holds a different theta
   driver      distributed_run: ``fwdtrain.run`` in segments that end at group checks
   checkpoint  save_group / load_group: one file with every rank's particles
-  launch      run a function in R local processes (tests, benchmarks)
+  processes   launch: run a function in R local processes (tests, benchmarks)
 
 Under ``torchrun --nproc-per-node 2 train.py``, with train.py::
 
@@ -42,7 +42,7 @@ from .driver import distributed_run
 from .group import (DEFAULT_TIMEOUT, GroupError, backend_for, broadcast, destroy_process_group, gather_to_main,
                     group_mean, init_process_group, is_initialized, is_main, local_device, print_main, rank,
                     require_group, world_size)
-from .launch import LaunchError, launch
+from .processes import LaunchError, launch
 from .reduce import GradientMean, gradient_mean
 from .seeds import rank_generator, rank_seed
 

@@ -16,7 +16,7 @@ import torch
 
 from .._tree import tree_map
 from ..checkpoint import Checkpoint, load, save
-from ..driver import History
+from ..history import History
 from ..errors import CheckpointError
 from ..state import State
 from .group import GroupError, all_reduce, gather_to_main, is_initialized, is_main, rank, scatter_from_main, world_size

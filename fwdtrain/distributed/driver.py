@@ -1,13 +1,13 @@
-"""``distributed_run``: ``fwdtrain.run`` on every rank of a group, in segments that end at group checks.
+"""``distributed_run``: the driver's own ``Loop`` on every rank, with two hooks: the gradient reduce
+(``gradient_mean``) and a group check at the end of every segment.
 
-Rank r runs the ordinary driver on its own particles with its own noise
-(``BrownianNoise`` seeded with ``rank_seed(seed, r)``) and ``reduce=gradient_mean``; the
-driver is called for one segment of ``check_every`` steps at a time (``run(..., history=)``
-continues a run bitwise, so segments change nothing), and after every segment one
-``check_group`` collective confirms that every rank finished it, is finite and holds the
-same theta. A rank that raises, diverges or is interrupted inside a segment makes the
-same gradient collectives as the others up to the segment's end (with a zero gradient)
-and reports there, so every rank stops at the same check with the same verdict.
+Rank r steps the ordinary loop (``fwdtrain.driver.setup``) on its own particles with its own noise
+(``BrownianNoise`` seeded with ``rank_seed(seed, r)``) and ``reduce=gradient_mean``. The loop is
+advanced one segment of ``check_every`` steps at a time (``Loop.advance_to``), and after every
+segment one ``check_group`` collective confirms that every rank finished it, is finite and holds
+the same theta. A rank that raises, diverges or is interrupted inside a segment makes the same
+gradient collectives as the others up to the segment's end (with a zero gradient) and reports
+there, so every rank stops at the same check with the same verdict.
 """
 
 from __future__ import annotations
@@ -20,37 +20,20 @@ from typing import Any
 import torch
 
 from .. import _checks
-from .._tree import tree_map
-from ..driver import History, _Progress, _progress_enabled, run
+from .._tree import squared_norm, tree_map
+from ..checkpointing import Checkpointing, CheckpointWriteError, as_checkpointing, probe
+from ..driver import Loop, setup
 from ..errors import DivergenceError
-from ..problem import SDE
+from ..euler import LearningRate
+from ..history import History, concatenate, records
+from ..progress import ProgressBar, progress_enabled
 from ..sensitivity import Mode
 from ..state import State
-from ..euler import LearningRate
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
+from .checkpoint import save_group
 from .group import GroupError, group_mean, is_main, print_main, require_group, world_size
 from .reduce import GradientMean, gradient_mean
 from .seeds import rank_seed
-
-_FIELDS = ("step", "t", "cost", "grad_norm", "average_cost")
-
-
-def _records(history: History, start: int, stop: int | None = None) -> History:
-    """Records start:stop of ``history`` (the carry and flag kept)."""
-    cut = slice(start, stop)
-    return history._replace(**{name: getattr(history, name)[cut] for name in _FIELDS},
-                            theta=tree_map(lambda leaf: leaf[cut], history.theta))
-
-
-def _join(pieces: list[History]) -> History | None:
-    """The records of ``pieces`` one after the other, with the last piece's carry and flag."""
-    if not pieces:
-        return None
-    if len(pieces) == 1:
-        return pieces[0]
-    last = pieces[-1]
-    return last._replace(**{name: torch.cat([getattr(p, name) for p in pieces]) for name in _FIELDS},
-                         theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in pieces]))
 
 
 def _group_records(piece: History, particles: int) -> History:
@@ -68,8 +51,13 @@ def _play_out(reduce: GradientMean, stop: int, theta: Any) -> None:
         reduce(zeros)
 
 
+def _next(n: int, every: int | None) -> int:
+    """The first multiple of ``every`` after n (never, for None)."""
+    return (n // every + 1) * every if every else sys.maxsize
+
+
 def distributed_run(
-    sde: SDE,
+    problem: Any,
     state: State,
     steps: int,
     dt: float,
@@ -85,9 +73,9 @@ def distributed_run(
     bound: float | None = None,
     progress: bool | None = False,
     verbose: bool = False,
-    checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int | None = None,
-    metadata: dict | None = None,
+    checkpoint: Checkpointing | str | os.PathLike | None = None,
+    compile: bool | str = False,
+    fuse: int = 1,
 ) -> tuple[State, History]:
     """``fwdtrain.run`` for this rank's particles with the group's theta; every rank calls it alike.
 
@@ -95,7 +83,9 @@ def distributed_run(
     other arguments. Rank r's noise is ``BrownianNoise((N_r, m), dt, seed=rank_seed(seed, r))``
     and the gradient is ``gradient_mean(every, weight=N_r)``, so R ranks equal one process
     with sum_r N_r particles driven by the ranks' noise concatenated along the particle
-    axis (with ``every`` > 1, see ``GradientMean``).
+    axis (with ``every`` > 1, see ``GradientMean``). ``problem`` is any problem ``run`` takes
+    whose gradient is a particle mean (an SDE, a ``Calibration``); ``compile`` and ``fuse``
+    as for ``run`` (the gradient collective runs between compiled pieces).
 
     Every ``check_every`` steps (at step ``history.steps`` first, and at the end) one
     ``check_group`` collective confirms every rank; otherwise every rank raises
@@ -104,8 +94,8 @@ def distributed_run(
     "non-finite" on all). Ctrl-C on any rank returns every rank's last checked state
     with ``history.interrupted`` True (saved to ``checkpoint`` when given).
     ``progress`` (a tqdm bar) and ``verbose`` (a line per check) are shown on rank 0
-    only, with the group's cost. ``checkpoint``: ``save_group`` every
-    ``checkpoint_every`` steps and at the end (rank 0 writes). ``history`` continues
+    only, with the group's cost. ``checkpoint``: a path or ``Checkpointing(path, every, metadata)``;
+    ``save_group`` at every ``every`` steps and at the end (rank 0 writes). ``history`` continues
     a run (from ``load_group``).
 
     Returns this rank's final ``State`` and the group's ``History`` (the same records on
@@ -114,29 +104,32 @@ def distributed_run(
     """
     steps = _checks.check_count(steps, "steps", minimum=0)
     check_every = _checks.check_count(check_every, "check_every")
-    if checkpoint_every is not None:
-        checkpoint_every = _checks.check_count(checkpoint_every, "checkpoint_every")
-        if checkpoint_every % every:
-            raise ValueError(f"checkpoint_every={checkpoint_every} must be a multiple of every={every}")
+    checkpoint = as_checkpointing(checkpoint)
+    saving_every = checkpoint.every if checkpoint is not None else None
+    if saving_every is not None and saving_every % every:
+        raise ValueError(f"checkpoint.every={saving_every} must be a multiple of every={every}")
     require_group()
     if not isinstance(state, State):
-        raise TypeError(f"distributed_run(sde, state, ...) expects a fwdtrain.State, got {type(state).__name__}")
+        raise TypeError(f"distributed_run(problem, state, ...) expects a fwdtrain.State, got {type(state).__name__}")
     start = history.steps if history is not None else 0
-    options = dict(record_every=record_every, mode=mode, chunk=chunk, bound=bound, check_every=check_every,
-                   progress=False)
+    end = start + steps
     code, error = OK, None
+    loop: Loop | None = None
     try:  # validate on this rank; a rank with bad input joins the first check as failed
         reduce = gradient_mean(every, weight=state.particles, start=start)
-        noise_seed = rank_seed(seed)
-        state, history = run(sde, state, 0, dt, lr, noise_seed, history=history, **options)
+        loop = setup(problem, state, steps, dt, lr, rank_seed(seed), record_every=record_every, mode=mode,
+                     history=history, chunk=chunk, bound=bound, check_every=check_every, progress=False,
+                     reduce=reduce, compile=compile, fuse=fuse)
+        if checkpoint is not None and is_main():
+            probe(checkpoint.path)
     except Exception as caught:  # noqa: BLE001 - re-raised after the check
         code, error = FAILED, caught
-    pieces: list[History] = [history] if isinstance(history, History) else []
-    dangling = False  # the last piece ends with a record off the record_every grid (dropped when continued)
+    # the group's records so far, up to the last agreed state (its carry continues the run)
+    pieces: list[History] = [loop.history()] if loop is not None else [history] if isinstance(history, History) else []
     good = state  # the last state every rank agreed on (the pieces end there)
 
     def history_of() -> History | None:
-        joined = _join(pieces)
+        joined = concatenate(pieces)
         pieces[:] = [joined] if joined is not None else []
         return joined
 
@@ -149,25 +142,31 @@ def distributed_run(
                 raise error  # the rank that raised shows its own error; the others show the GroupError
             raise stop from error
 
+    def save(at: State, hist: History) -> None:
+        try:
+            save_group(checkpoint.path, at, hist, metadata=checkpoint.metadata)
+        except OSError as failed:  # rank 0 could not write: keep the results (as run does)
+            path = os.fspath(checkpoint.path)
+            raise CheckpointWriteError(f"could not save the checkpoint {path!r}: {failed.strerror or failed}; the "
+                                       f"run's state and history are in this error's .state and .history",
+                                       path=path, state=at, history=hist) from None
+
     agree(state, start, code, error)
-    end = start + steps
-    base = history  # the driver's history of the last segment: its last record carries the continuation
-    bar = _Progress(steps, start) if steps and is_main() and _progress_enabled(progress) else None
+    assert loop is not None  # every rank passed the first check
+    taken = len(pieces[0].step)  # the loop's records already in the pieces
+    bar = ProgressBar(steps, start) if steps and is_main() and progress_enabled(progress) else None
     clock = time.perf_counter()
     n = start
     try:
         while n < end:
-            stop = min(_next(n, check_every), _next(n, checkpoint_every if checkpoint is not None else None), end)
-            tail = _records(base, -1)
+            stop = min(_next(n, check_every), _next(n, saving_every), end)
+            before = loop.carry
             code, error = OK, None
             try:
-                new_state, out = run(sde, state, stop - n, dt, lr, noise_seed, history=tail, reduce=reduce,
-                                     **options)
-                if bool(out.interrupted):
-                    code = INTERRUPTED
+                loop.advance_to(stop)
             except GroupError:
                 raise
-            except KeyboardInterrupt:  # outside the driver's own loop (its set-up)
+            except KeyboardInterrupt:
                 code = INTERRUPTED
             except DivergenceError as caught:
                 code, error = DIVERGED, caught
@@ -187,37 +186,30 @@ def distributed_run(
                         raise
                     stopped_history = history_of()._replace(interrupted=torch.tensor(True))
                     if checkpoint is not None:  # every rank is here: save the agreed state
-                        from .checkpoint import save_group
-                        save_group(checkpoint, good, stopped_history, metadata=metadata)
+                        save(good, stopped_history)
                     return good, stopped_history
-            status = agree(new_state, stop, OK, None, out.carry["cost_total"] - base.carry["cost_total"], stop - n)
-            # the driver records the last step of every call; keep only the record_every grid, the end and
-            # checkpoints, as one uninterrupted run does
-            if dangling:
-                pieces[-1] = _records(pieces[-1], 0, -1)
-            pieces.append(_group_records(_records(out, len(tail.step)), state.particles))
-            saving = checkpoint is not None and (stop == end or (checkpoint_every and stop % checkpoint_every == 0))
-            dangling = not saving and stop % record_every != 0
-            state, base, n = new_state, out, stop
+            carry = loop.carry
+            status = agree(carry.state, stop, OK, None, carry.total - before.total, stop - n)
+            saving = checkpoint is not None and (stop == end or (saving_every and stop % saving_every == 0))
+            if saving:
+                loop.record_now()  # as one uninterrupted run records at its checkpoints
+            whole = loop.history()
+            pieces.append(_group_records(records(whole, taken), state.particles))
+            taken = len(whole.step)
+            state, n = carry.state, stop
             good = state
             if verbose:
                 print_main(f"step {n:>8d}  t {float(state.t):10.3f}  cost {status.cost:.5f}  "
-                           f"|G| {float(out.grad_norm[-1]):.3e}  "
+                           f"|G| {float(squared_norm(carry.info.gradient).sqrt()):.3e}  "
                            f"{(n - start) / (time.perf_counter() - clock):8.1f} steps/s  ranks {world_size()}")
             if bar is not None:
                 bar.update(n, status.cost)
             if saving:
-                from .checkpoint import save_group
-                save_group(checkpoint, state, history_of(), metadata=metadata)
+                save(state, history_of())
     finally:
         if bar is not None:
             bar.close()
     return state, history_of()
-
-
-def _next(n: int, every: int | None) -> int:
-    """The first multiple of ``every`` after n (never, for None)."""
-    return (n // every + 1) * every if every else sys.maxsize
 
 
 __all__ = ["distributed_run"]

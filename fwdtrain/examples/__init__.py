@@ -1,18 +1,19 @@
 """Built-in problems. Each returns an ``Example``: the SDE, a starting point, defaults that train,
 and what is known about the optimum. ``REGISTRY`` maps command-line names to the builders.
 
-Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own). Examples whose
-``train`` is set (calibration, SGDCT) are trained by ``example.train(state, steps, seed)`` instead of the
-cost-form ``fwdtrain.run``."""
+Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own) and carry a one-line
+``summary`` (the command line's help). Every example trains through ``fwdtrain.run``:
+``example.train(state, steps, seed)``; calibration and SGDCT examples name their ``problem`` (a
+``fwdtrain.trainable.Trainable``), SGDCT also its ``start`` and observed ``data``."""
 
 from typing import Callable
 
 from ._example import Example
 from .calibration import double_well_calibration, double_well_moments, ou_calibration
 from .lqr import linear_control_cost, linear_slope, lqr_1d
-from .lqr_nd import LQR, lqr_nd, lqr_problem, random_lqr, riccati
+from .lqr_riccati import LQR, lqr_nd, lqr_problem, random_lqr, riccati
 from .noisy import noisy_control, noisy_cost, noisy_optimal_gain
-from .sgdct_ou import ou_path, sgdct_ou
+from .ou_sgdct import ou_path, sgdct_ou
 
 REGISTRY: dict[str, Callable[..., Example]] = {
     "lqr-1d": lqr_1d,

@@ -17,13 +17,7 @@ import torch
 
 from .. import calibration as cal
 from .. import schedules
-from ._example import Example
-
-
-def _trainer(problem: cal.Calibration, dt: float, lr):
-    def train(state, steps: int, seed: int = 0, **options):
-        return cal.run(problem, state, steps, dt, lr, seed, **options)
-    return train
+from ._example import Example, summary
 
 
 def ou_stationary(mean: float, scale: float, kappa: float) -> tuple[float, float]:
@@ -31,6 +25,7 @@ def ou_stationary(mean: float, scale: float, kappa: float) -> tuple[float, float
     return mean, scale * scale / (2 * kappa)
 
 
+@summary("calibrate an OU process's mean and noise scale to a stationary mean and variance")
 def ou_calibration(
     *,
     target_mean: float = 1.0,
@@ -77,7 +72,7 @@ def ou_calibration(
         reference={"mean": float(target_mean), "variance": float(target_variance),
                    "scale": math.sqrt(2 * kappa * target_variance)},
         evaluate=evaluate,
-        train=_trainer(problem, dt, schedule),
+        problem=problem,
     )
 
 
@@ -93,6 +88,7 @@ def double_well_moments(a: float, b: float, s: float = 1.0, powers=(2, 4), point
     return [float(np.trapezoid(density * x ** p, x) / total) for p in powers]
 
 
+@summary("calibrate a double well's drift to the second and fourth stationary moments")
 def double_well_calibration(
     *,
     a: float = 1.0,
@@ -136,5 +132,5 @@ def double_well_calibration(
         lr=schedule,
         reference={"a": float(a), "b": float(b), "m2": m2, "m4": m4},
         evaluate=evaluate,
-        train=_trainer(problem, dt, schedule),
+        problem=problem,
     )

@@ -16,7 +16,7 @@ from .. import schedules
 from ..evaluate import stationary_cost
 from ..model import mlp
 from ..problem import ControlledSDE
-from ._example import Example
+from ._example import Example, summary
 
 OPTIMAL_GAIN = math.sqrt(2.0) - 1.0
 
@@ -28,6 +28,7 @@ def linear_control_cost(k: float) -> float:
     return (1 + k * k) / (2 * (1 + k))
 
 
+@summary("the user's 1-D LQR: dX = (-X + u) dt + dW, cost X^2 + u^2, u a small MLP")
 def lqr_1d(
     *,
     hidden: int = 16,

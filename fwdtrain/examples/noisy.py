@@ -25,7 +25,7 @@ import torch
 
 from .. import schedules
 from ..problem import ControlledSDE
-from ._example import Example
+from ._example import Example, summary
 
 
 def noisy_cost(k: float, beta: float) -> float:
@@ -58,6 +58,7 @@ def noisy_sde(beta: float) -> ControlledSDE:
     )
 
 
+@summary("1-D control with control-dependent noise (multiplicative), against its optimal gain")
 def noisy_control(
     *,
     beta: float = 1.0,

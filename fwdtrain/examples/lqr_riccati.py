@@ -23,7 +23,7 @@ from .. import schedules
 from ..evaluate import stationary_cost
 from ..model import mlp
 from ..problem import ControlledSDE
-from ._example import Example
+from ._example import Example, summary
 
 
 class LQR(NamedTuple):
@@ -209,6 +209,7 @@ def lqr_problem(
     )
 
 
+@summary("a random d-dimensional ergodic LQR with a linear control, against the Riccati optimum")
 def lqr_nd(
     *,
     dim: int = 2,

@@ -17,7 +17,7 @@ import torch
 
 from .. import schedules, sgdct
 from ..problem import SDE
-from ._example import Example
+from ._example import Example, summary
 
 
 def ou_path(kappa: float, mean: float, scale: float, x0: float, steps: int, dt: float, seed: int = 0,
@@ -42,6 +42,7 @@ def ou_model(scale: float) -> SDE:
     )
 
 
+@summary("estimate an OU drift online (SGDCT) from simulated observed paths")
 def sgdct_ou(
     *,
     kappa: float = 1.0,
@@ -60,7 +61,7 @@ def sgdct_ou(
     theta starts at {"kappa": 0.5, "mean": 0}; lr(t) = lr offset / (offset + t), the Robbins-Monro
     C / (C0 + t) with C = lr offset ~ 1 / Fisher information (1 / E[(mean - X)^2 / scale^2] = 2 for the
     defaults), which gives the maximum-likelihood rate. ``train(state, steps, seed)`` simulates the paths
-    with ``seed`` and runs ``sgdct.fit``; reference: the true kappa and mean.
+    with ``seed`` and runs them through ``fwdtrain.run`` (as ``sgdct.fit`` does); reference: the true kappa and mean.
     """
     if kappa <= 0 or scale <= 0:
         raise ValueError(f"need kappa > 0 and scale > 0, got kappa={kappa}, scale={scale}")
@@ -70,12 +71,11 @@ def sgdct_ou(
         raise ValueError(f"particles (the number of observed paths) must be a positive integer, got {particles!r}")
     x0 = torch.full((particles, 1), float(mean), dtype=dtype) if particles > 1 else torch.tensor([float(mean)], dtype=dtype)
 
-    def train(state, steps: int, seed: int = seed, **options):
-        increments = ou_path(kappa, mean, scale, float(mean), steps, dt, seed, dtype, paths=particles)
-        if particles == 1:
-            increments = increments[:, 0]
-        return sgdct.fit(model, sgdct.init(state.theta), x0, increments, dt, schedule,
-                         record_every=options.get("record_every", 1000))
+    def data(seed: int, steps: int) -> torch.Tensor:  # the observed increments, (steps, paths, 1)
+        return ou_path(kappa, mean, scale, float(mean), steps, dt, seed, dtype, paths=particles)
+
+    def start(state):  # the estimator at the paths' first points
+        return sgdct.as_state(sgdct.init(state.theta), x0)
 
     return Example(
         name="sgdct-ou",
@@ -88,5 +88,7 @@ def sgdct_ou(
         lr=schedule,
         reference={"kappa": float(kappa), "mean": float(mean)},
         evaluate=lambda theta: {"kappa": float(theta["kappa"]), "mean": float(theta["mean"])},
-        train=train,
+        problem=sgdct.DriftEstimation(model, single=particles == 1),
+        start=start,
+        data=data,
     )

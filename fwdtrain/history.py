@@ -1,0 +1,129 @@
+"""The training record: ``History``, and building, joining and slicing it.
+
+A history holds R records. Record r is taken at step n_r and holds
+
+    cost_r         = (1/(n_r - g_r)) sum_{g_r < k <= n_r} mean_i c(X^i_{k-1})   (g_r: the previous record on the grid)
+    grad_norm_r    = |G_{n_r - 1}|
+    average_cost_r = (1/n_r) sum_{k < n_r} mean_i c(X^i_k)                       (float64, the online estimate of J)
+
+with ``theta`` (or whatever the driver was told to record) stacked over records.
+Every training loop in fwdtrain (``run``, ``sgdct.fit``, ``distributed.distributed_run``)
+builds its history here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from ._tree import tree_map
+
+FIELDS = ("step", "t", "cost", "grad_norm", "average_cost")  # the per-record (R,) tensors
+
+
+class History(NamedTuple):
+    """What ``run`` records every ``record_every`` steps and at the last step (R records).
+
+    step (R,):         step count n since the start of training (continues across resumes).
+    t (R,):            time t_n.
+    cost (R,):         particle-mean cost averaged over the steps since the previous record at a
+                       multiple of ``record_every``: mean over k in (g, n] of mean_i c(X^i_{k-1}).
+    grad_norm (R,):    |G_{n-1}|, the norm of the particle-mean gradient estimate of the last step.
+    theta:             ``record(state)`` stacked over records (default theta itself: leaves (R, *s)).
+    average_cost (R,): float64 running mean of the particle-mean cost over every step since the
+                       start of training, (1/n) sum_{k<n} mean_i c(X^i_k): the online estimate of J.
+    carry:             what a continuation needs: the noise position after the last record and the
+                       running cost sums (a dict of tensors; saved in checkpoints).
+    interrupted:       0-d bool tensor, True when the run was stopped by KeyboardInterrupt.
+
+    Every leaf is a tensor, so a History is a pytree like the State (``tree_map`` works on it).
+    The last record is always the final state of the run; pass the history back to
+    ``run`` (with that state) to continue it.
+    """
+
+    step: torch.Tensor
+    t: torch.Tensor
+    cost: torch.Tensor
+    grad_norm: torch.Tensor
+    theta: Any
+    average_cost: torch.Tensor | None = None
+    carry: dict | None = None
+    interrupted: torch.Tensor | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps taken since the start of training (0 for an empty history)."""
+        return int(self.step[-1]) if len(self.step) else 0
+
+    @property
+    def noise(self) -> dict | None:
+        """The noise position after the last record (``state_dict`` of the source)."""
+        return None if self.carry is None else self.carry.get("noise")
+
+    def numpy(self) -> dict[str, Any]:
+        """The records as numpy arrays: {"step", "t", "cost", "grad_norm", "theta", "average_cost"}."""
+        def as_array(x):
+            return x.detach().cpu().numpy()
+        out = {"step": as_array(self.step), "t": as_array(self.t), "cost": as_array(self.cost),
+               "grad_norm": as_array(self.grad_norm), "theta": tree_map(as_array, self.theta)}
+        if self.average_cost is not None:
+            out["average_cost"] = as_array(self.average_cost)
+        return out
+
+
+class Record(NamedTuple):
+    """One record before stacking: step n (int), t, cost, grad_norm, average_cost (0-d tensors), theta (a pytree)."""
+
+    step: int
+    t: torch.Tensor
+    cost: torch.Tensor
+    grad_norm: torch.Tensor
+    average_cost: torch.Tensor
+    theta: Any
+
+
+def empty_records(example: Any) -> Any:
+    """A pytree like ``example`` with a leading record axis of length 0."""
+    return tree_map(lambda leaf: torch.as_tensor(leaf)[None][:0], example)
+
+
+def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = None, interrupted: bool = False,
+          dtype: torch.dtype, device: torch.device | None = None, previous: History | None = None) -> History:
+    """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flag replaced)."""
+    if records:
+        step = torch.tensor([r.step for r in records], dtype=torch.long)
+        t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))
+        theta = tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *[r.theta for r in records])
+    else:
+        step = torch.zeros(0, dtype=torch.long)
+        t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
+        average = torch.zeros(0, dtype=torch.float64, device=device)
+        theta = empty_theta
+    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted))
+    if previous is not None and len(previous.step):
+        return concatenate([previous, new])
+    return new
+
+
+def concatenate(pieces: Sequence[History]) -> History | None:
+    """The records of ``pieces`` one after the other, with the last piece's carry and flag (None for no pieces)."""
+    pieces = [piece for piece in pieces if piece is not None]
+    if not pieces:
+        return None
+    last = pieces[-1]
+    kept = [piece for piece in pieces if len(piece.step)] or [last]
+    if len(kept) == 1:
+        return kept[0]._replace(carry=last.carry, interrupted=last.interrupted)
+    return last._replace(**{name: torch.cat([getattr(p, name) for p in kept]) for name in FIELDS},
+                         theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]))
+
+
+def records(history: History, start: int | None = None, stop: int | None = None) -> History:
+    """Records start:stop of ``history`` (as a Python slice; the carry and flag kept)."""
+    cut = slice(start, stop)
+    return history._replace(**{name: getattr(history, name)[cut] for name in FIELDS},
+                            theta=tree_map(lambda leaf: leaf[cut], history.theta))
+
+
+__all__ = ["History", "Record", "FIELDS", "build", "concatenate", "records", "empty_records"]

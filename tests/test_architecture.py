@@ -1,0 +1,151 @@
+"""The module structure: no import cycles (deferred imports count), no use of another module's
+private names, and no module hidden by a same-named attribute of its package."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import fwdtrain
+
+PACKAGE = Path(fwdtrain.__file__).parent
+PRIVATE_MODULES = {"fwdtrain._checks", "fwdtrain._tree"}  # private modules whose public names are shared
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]):
+    """(imported fwdtrain module, imported name or None, line) for every import, deferred ones included."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("fwdtrain"):
+                    yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, is_package, node.level, node.module)
+            if not source.startswith("fwdtrain"):
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in modules:
+                    yield submodule, None, node.lineno
+                else:
+                    yield source, alias.name, node.lineno
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for target, _, _ in _imports(name, path, modules):
+            # a package's __init__ may import its own submodules; a submodule importing its package is an edge
+            if target in modules and target != name and not target.startswith(name + "."):
+                graph[name].add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = _cycle(_graph())  # a package importing its own submodules is not an edge
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _private_uses() -> list[str]:
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}  # local name -> fwdtrain module it is bound to
+        for target, imported, line in _imports(name, path, modules):
+            if imported is not None and imported.startswith("_") and not imported.startswith("__") \
+                    and target != name and target not in PRIVATE_MODULES:
+                found.append(f"{name}:{line} imports {target}.{imported}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _resolve(name, path.name == "__init__.py", node.level, node.module)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fwdtrain") and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                target = aliases[node.value.id]
+                if node.attr.startswith("_") and not node.attr.startswith("__") and target != name \
+                        and target not in PRIVATE_MODULES:
+                    found.append(f"{name}:{node.lineno} uses {target}.{node.attr}")
+    return found
+
+
+def test_no_private_names_of_other_modules():
+    assert _private_uses() == []
+
+
+def test_the_private_name_finder_finds_uses(tmp_path, monkeypatch):
+    (tmp_path / "fwdtrain").mkdir()
+    (tmp_path / "fwdtrain" / "__init__.py").write_text("")
+    (tmp_path / "fwdtrain" / "a.py").write_text("def _hidden():\n    pass\n")
+    (tmp_path / "fwdtrain" / "b.py").write_text("from . import a\nfrom .a import _hidden\na._hidden()\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "fwdtrain")
+    assert _private_uses() == ["fwdtrain.b:2 imports fwdtrain.a._hidden", "fwdtrain.b:3 uses fwdtrain.a._hidden"]
+    (tmp_path / "fwdtrain" / "a.py").write_text("from . import b\n")
+    assert _cycle(_graph()) == ["fwdtrain.a", "fwdtrain.b", "fwdtrain.a"]
+
+
+def test_no_module_is_hidden_by_a_same_named_attribute():
+    hidden = []
+    for info in pkgutil.walk_packages(fwdtrain.__path__, "fwdtrain."):
+        if info.name.endswith("__main__"):
+            continue
+        parent, _, leaf = info.name.rpartition(".")
+        package = importlib.import_module(parent)
+        module = importlib.import_module(info.name)
+        if getattr(package, leaf) is not module:
+            hidden.append(f"{info.name} is hidden by {parent}.{leaf} = {getattr(package, leaf)!r}")
+    assert hidden == []
