@@ -80,7 +80,7 @@ def evaluate_once(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> 
             raise ValueError(f"the SDE's {culprit} could not be evaluated at {name} of dimension d = {d}: {text}. "
                              f"Check that {name} has one entry per state dimension the model expects.") from error
         _reraise(error, f"the SDE's {culprit} raised {type(error).__name__} at {name} (d = {d}): {text}")
-    for field, tensor in zip(Coefficients._fields, value):
+    for field, tensor in zip(("drift", "diffusion", "cost"), value):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"the SDE's {field} returned {type(tensor).__name__}; it must return a torch.Tensor")
         if tensor.dtype != x.dtype:
