@@ -4,6 +4,9 @@ Written atomically (a temporary file in the same folder, fsync, ``os.replace``),
 crash while saving leaves the previous checkpoint intact; read with
 ``torch.load(weights_only=True)``, so a file cannot run code; verified with a SHA-256
 digest of its contents, so a corrupt or truncated file is refused, never half-loaded.
+``load`` raises ``CheckpointError`` and nothing else for a damaged, foreign or hand-edited
+file; ``check_compatible`` refuses a checkpoint whose theta does not fit the problem's.
+A save removes the temporary files an interrupted earlier save to the same path left behind.
 """
 
 from __future__ import annotations
@@ -281,14 +284,14 @@ def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path!r}")
     payload = _read(path, map_location)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or not _equal(payload.get("format"), FORMAT):
         raise CheckpointError(f"{path!r} is not a fwdtrain checkpoint (no {FORMAT!r} header)")
-    if payload.get("version") != VERSION:
+    if not _equal(payload.get("version"), VERSION):
         raise CheckpointError(f"{path!r} has checkpoint version {payload.get('version')!r:.40}; "
                               f"this fwdtrain reads version {VERSION}")
-    content = payload.get("content")
+    content, digest = payload.get("content"), payload.get("digest")
     try:
-        intact = isinstance(content, dict) and _digest(content) == payload.get("digest")
+        intact = isinstance(content, dict) and isinstance(digest, str) and _digest(content) == digest
     except Exception:  # noqa: BLE001 - contents that cannot even be hashed are not intact
         intact = False
     if not intact:
@@ -297,9 +300,14 @@ def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
         content = _fields(content, "the contents", ("state", "history", "metadata"))
         return Checkpoint(_check_state(content["state"]), _check_history(content["history"]),
                           _check_metadata(content["metadata"]))
-    except (_Invalid, TypeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 - _Invalid, or anything a malformed structure raises
         raise CheckpointError(f"{path!r} is not a valid fwdtrain checkpoint: {error}. It was not written by "
                               f"fwdtrain.save (version {VERSION}) or was edited afterwards") from None
+
+
+def _equal(value: Any, expected: str | int) -> bool:
+    """``value == expected`` for a header field that may be of any type (a tensor would not give a bool)."""
+    return type(value) is type(expected) and value == expected
 
 
 def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.Tensor | None = None,

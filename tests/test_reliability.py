@@ -173,3 +173,13 @@ def test_save_removes_its_own_stale_temporary_files(tmp_path):
     assert not any(file.exists() for file in stale)
     assert all(file.exists() for file in unrelated) and fresh.exists()
     assert identical(ft.load(tmp_path / "ck.pt"), ft.Checkpoint(state, history, {}))
+
+
+def test_headers_of_the_wrong_type_are_refused(tmp_path):
+    path = tmp_path / "odd.pt"
+    for payload in ({"format": torch.ones(2)}, {"format": checkpoint.FORMAT, "version": torch.ones(2)},
+                    {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "digest": torch.ones(2),
+                     "content": {}}, [checkpoint.FORMAT]):
+        torch.save(payload, path)
+        with pytest.raises(ft.CheckpointError):
+            ft.load(path)
