@@ -56,6 +56,8 @@ def _reraise(error: Exception, message: str) -> None:
     try:
         wrapped = type(error)(message)
     except Exception:  # noqa: BLE001 - an exception type with its own constructor
+        wrapped = None
+    if wrapped is None:
         error.add_note(message)
         raise error
     raise wrapped from error

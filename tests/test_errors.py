@@ -187,3 +187,17 @@ def test_a_coefficients_own_error_names_the_function_without_the_shape_hint():
 def test_a_shape_error_inside_a_coefficient_keeps_the_dimension_hint(ex):
     with pytest.raises(ValueError, match="control could not be evaluated at x0 of dimension d = 3.*one entry per state"):
         ft.init(ex.sde, ex.theta, torch.ones(3))
+
+
+class _TwoArgumentError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+
+
+def test_an_error_type_that_takes_other_arguments_gets_a_note():
+    def cost(th, x):
+        raise _TwoArgumentError(7, "no table")
+
+    with pytest.raises(_TwoArgumentError) as info:
+        ft.init(ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), cost), {"k": torch.ones(1)}, torch.ones(1))
+    assert any("the SDE's cost raised" in note for note in info.value.__notes__)
