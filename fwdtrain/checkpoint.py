@@ -323,8 +323,8 @@ def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.
         raise TypeError(f"check_compatible expects a Checkpoint or State, got {type(checkpoint).__name__}")
     saved = dict(leaves_with_paths(state.theta))
     wanted = dict(leaves_with_paths(theta))
-    missing = [path for path in wanted if path not in saved]
-    extra = [path for path in saved if path not in wanted]
+    missing = ["theta" + path for path in wanted if path not in saved]
+    extra = ["theta" + path for path in saved if path not in wanted]
     if missing or extra:
         raise CheckpointError(
             f"the checkpoint's theta does not fit {name}: "
