@@ -4,6 +4,9 @@ Written atomically (a temporary file in the same folder, fsync, ``os.replace``),
 crash while saving leaves the previous checkpoint intact; read with
 ``torch.load(weights_only=True)``, so a file cannot run code; verified with a SHA-256
 digest of its contents, so a corrupt or truncated file is refused, never half-loaded.
+``load`` raises ``CheckpointError`` and nothing else for a damaged, foreign or hand-edited
+file; ``check_compatible`` refuses a checkpoint whose theta does not fit the problem's.
+A save removes the temporary files an interrupted earlier save to the same path left behind.
 """
 
 from __future__ import annotations
@@ -11,13 +14,18 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import tempfile
+import warnings
 from typing import Any, NamedTuple
 
+import optree
 import torch
 
+from ._tree import leaves_with_paths
 from .history import History
 from .errors import CheckpointError
+from .problem import Theta
 from .state import State
 
 FORMAT = "fwdtrain-checkpoint"
@@ -76,13 +84,21 @@ def _digest(value: Any) -> str:
 
 def save(path: str | os.PathLike, state: State, history: History | None = None, *,
          metadata: dict | None = None) -> None:
-    """Write ``state``, ``history`` (its records and noise position) and ``metadata`` to ``path``, atomically."""
+    """Write ``state``, ``history`` (its records and noise position) and ``metadata`` to ``path``, atomically.
+
+    Temporary files that an earlier save to the same ``path`` left behind (a process killed
+    while writing) are removed once this save has succeeded.
+    """
     if not isinstance(state, State):
         raise TypeError(f"save(path, state, ...) expects a fwdtrain.State, got {type(state).__name__}")
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a fwdtrain.History or None, got {type(history).__name__}")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__}")
+    for key in metadata or {}:
+        if not isinstance(key, str):
+            raise TypeError(f"checkpoint: metadata has a key {key!r} of type {type(key).__name__}; "
+                            f"top-level metadata keys must be str")
     content = {
         "state": _plain(state._asdict(), "state"),
         "history": None if history is None else _plain(history._asdict(), "history"),
@@ -91,7 +107,9 @@ def save(path: str | os.PathLike, state: State, history: History | None = None, 
     payload = {"format": FORMAT, "version": VERSION, "digest": _digest(content), "content": content}
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
+    prefix = _temporary_prefix(path)
+    fd, temporary = tempfile.mkstemp(prefix=prefix, dir=folder)
+    started = os.fstat(fd).st_mtime_ns
     try:
         with os.fdopen(fd, "wb") as file:
             torch.save(payload, file)
@@ -104,39 +122,233 @@ def save(path: str | os.PathLike, state: State, history: History | None = None, 
         except FileNotFoundError:
             pass
         raise
+    _remove_stale_temporaries(folder, prefix, started)
+
+
+def _temporary_prefix(path: str) -> str:
+    return ".tmp-" + os.path.basename(path) + "-"
+
+
+def _remove_stale_temporaries(folder: str, prefix: str, before_ns: int) -> None:
+    """Delete ``prefix`` + 8 ``mkstemp`` characters files in ``folder`` last modified before ``before_ns``.
+
+    Best effort: a file that vanishes or cannot be removed is left to the next save.
+    """
+    pattern = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if not pattern.fullmatch(entry.name):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime_ns < before_ns:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
+class _Invalid(Exception):
+    """A part of a checkpoint that does not have the structure ``save`` writes (internal)."""
+
+
+def _tensor(value: Any, where: str, ndim: int | None = None, floating: bool = False) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise _Invalid(f"{where} is a {type(value).__name__}, expected a tensor")
+    if ndim is not None and value.ndim != ndim:
+        raise _Invalid(f"{where} has shape {tuple(value.shape)}, expected {ndim} dimension(s)")
+    if floating and not value.is_floating_point():
+        raise _Invalid(f"{where} has dtype {value.dtype}, expected a floating dtype")
+    return value
+
+
+def _fields(value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where} is a {type(value).__name__}, expected a dict")
+    missing = [key for key in required if key not in value]
+    extra = [key for key in value if key not in required + optional]
+    if missing or extra:
+        raise _Invalid(f"{where} has keys {sorted(map(repr, value))}: missing {missing}, unexpected {extra}")
+    return value
+
+
+def _tree(value: Any, where: str) -> list[tuple[str, Any]]:
+    """The leaves of a pytree of tensors (dicts with str keys, lists, tuples), with their paths."""
+    def walk(v: Any, at: str) -> list[tuple[str, Any]]:
+        if isinstance(v, dict):
+            for key in v:
+                if not isinstance(key, str):
+                    raise _Invalid(f"{at} has a key {key!r} of type {type(key).__name__}, expected str")
+            return [leaf for key, item in v.items() for leaf in walk(item, f"{at}[{key!r}]")]
+        if type(v) in (list, tuple):
+            return [leaf for i, item in enumerate(v) for leaf in walk(item, f"{at}[{i}]")]
+        return [(at, _tensor(v, at))]
+    return walk(value, where)
+
+
+def _check_state(state: Any) -> State:
+    """State fields: x (N, d) floating, theta a pytree of x's dtype, x_tilde leaves (N, d, *s), t 0-d."""
+    state = _fields(state, "state", State._fields)
+    x = _tensor(state["x"], "state['x']", ndim=2, floating=True)
+    if 0 in x.shape:
+        raise _Invalid(f"state['x'] has shape {tuple(x.shape)}; a state has at least one particle and dimension")
+    _tensor(state["t"], "state['t']", ndim=0, floating=True)
+    theta = _tree(state["theta"], "state['theta']")
+    if not theta:
+        raise _Invalid("state['theta'] holds no tensors")
+    _tree(state["x_tilde"], "state['x_tilde']")
+    if optree.tree_structure(state["theta"]) != optree.tree_structure(state["x_tilde"]):
+        raise _Invalid("state['x_tilde'] does not have the structure of state['theta']")
+    for (at, leaf), (at_tilde, sensitivity) in zip(leaves_with_paths(state["theta"]),
+                                                  leaves_with_paths(state["x_tilde"])):
+        at, at_tilde = "state['theta']" + at, "state['x_tilde']" + at_tilde
+        if leaf.dtype != x.dtype or sensitivity.dtype != x.dtype:
+            raise _Invalid(f"{at} or {at_tilde} does not have the dtype {x.dtype} of state['x']")
+        expected = (*x.shape, *leaf.shape)
+        if tuple(sensitivity.shape) != expected:
+            raise _Invalid(f"{at_tilde} has shape {tuple(sensitivity.shape)}, expected {expected} "
+                           f"(particles, d, *shape of {at})")
+    return State(**state)
+
+
+def _check_history(history: Any) -> History | None:
+    """History fields: step, t, cost, grad_norm (and average_cost) of one length R; theta leaves (R, ...)."""
+    if history is None:
+        return None
+    required = ("step", "t", "cost", "grad_norm", "theta")
+    history = _fields(history, "history", required, tuple(f for f in History._fields if f not in required))
+    step = _tensor(history["step"], "history['step']", ndim=1)
+    if step.is_floating_point() or step.is_complex() or step.dtype == torch.bool:
+        raise _Invalid(f"history['step'] has dtype {step.dtype}, expected an integer dtype")
+    records = step.shape[0]
+    for name in ("t", "cost", "grad_norm", "average_cost"):
+        if name == "average_cost" and history.get(name) is None:
+            continue
+        value = _tensor(history[name], f"history[{name!r}]", ndim=1)
+        if value.shape[0] != records:
+            raise _Invalid(f"history[{name!r}] has {value.shape[0]} records, history['step'] has {records}")
+    for at, leaf in _tree(history["theta"], "history['theta']"):
+        if leaf.ndim == 0 or leaf.shape[0] != records:
+            raise _Invalid(f"{at} has shape {tuple(leaf.shape)}, expected ({records}, ...): one row per record")
+    carry = history.get("carry")
+    if carry is not None:
+        if not isinstance(carry, dict) or not all(isinstance(key, str) for key in carry):
+            raise _Invalid("history['carry'] must be a dict with str keys")
+        noise = carry.get("noise")
+        if noise is not None and not (isinstance(noise, dict) and len(noise) == 1
+                                      and isinstance(next(iter(noise.values())), dict)):
+            raise _Invalid("history['carry']['noise'] must be {kind: state} for one noise source")
+    interrupted = history.get("interrupted")
+    if interrupted is not None:
+        _tensor(interrupted, "history['interrupted']", ndim=0)
+    return History(**history)
+
+
+def _check_metadata(metadata: Any) -> dict:
+    if not isinstance(metadata, dict):
+        raise _Invalid(f"metadata is a {type(metadata).__name__}, expected a dict")
+    for key in metadata:
+        if not isinstance(key, str):
+            raise _Invalid(f"metadata has a key {key!r} of type {type(key).__name__}, expected str")
+    return metadata
+
+
+def _read(path: str, map_location: Any) -> Any:
+    """``torch.load(weights_only=True)``; any failure becomes a ``CheckpointError``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a damaged file can make torch warn about its pickle protocol
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path!r} was refused by weights_only loading: it holds objects other than tensors and plain "
+            f"containers, or it is corrupt. It is not a readable fwdtrain checkpoint: {str(error)[:200]}") from None
+    except MemoryError:
+        raise CheckpointError(f"{path!r} is corrupt: reading it asked for more memory than there is") from None
+    except Exception as error:  # noqa: BLE001 - a damaged zip or pickle fails in many ways inside torch
+        raise CheckpointError(f"{path!r} is truncated or corrupt and cannot be read "
+                              f"({type(error).__name__}: {str(error)[:200]}); use an intact copy") from None
 
 
 def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
     """Read a checkpoint written by ``save``; raise ``CheckpointError`` for anything else.
 
     Uses ``torch.load(weights_only=True)``: only tensors and plain containers are
-    unpickled, never arbitrary objects.
+    unpickled, never arbitrary objects. The contents must match their digest and have
+    the structure ``save`` writes (consistent State shapes, History records, a metadata
+    dict), so a damaged, foreign or hand-edited file is refused with ``CheckpointError``
+    and never raises anything else.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path!r}")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(f"{path!r} holds objects other than tensors and plain containers; refused "
-                              f"(weights_only loading). It is not a fwdtrain checkpoint: {str(error)[:200]}") from None
-    except (RuntimeError, EOFError, ValueError, OSError) as error:
-        raise CheckpointError(f"{path!r} is truncated or corrupt and cannot be read: {str(error)[:200]}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path!r} is not a fwdtrain checkpoint")
-    if payload.get("version") != VERSION:
-        raise CheckpointError(f"{path!r} has checkpoint version {payload.get('version')!r}; "
+    payload = _read(path, map_location)
+    if not isinstance(payload, dict) or not _equal(payload.get("format"), FORMAT):
+        raise CheckpointError(f"{path!r} is not a fwdtrain checkpoint (no {FORMAT!r} header)")
+    if not _equal(payload.get("version"), VERSION):
+        raise CheckpointError(f"{path!r} has checkpoint version {payload.get('version')!r:.40}; "
                               f"this fwdtrain reads version {VERSION}")
-    content = payload.get("content")
-    if not isinstance(content, dict) or _digest(content) != payload.get("digest"):
+    content, digest = payload.get("content"), payload.get("digest")
+    try:
+        intact = isinstance(content, dict) and isinstance(digest, str) and _digest(content) == digest
+    except Exception:  # noqa: BLE001 - contents that cannot even be hashed are not intact
+        intact = False
+    if not intact:
         raise CheckpointError(f"{path!r} is corrupt: its contents do not match the digest written with them")
     try:
-        state = State(**content["state"])
-        history = None if content["history"] is None else History(**content["history"])
-        metadata = content["metadata"]
-    except (KeyError, TypeError) as error:
-        raise CheckpointError(f"{path!r} is missing parts of a fwdtrain checkpoint: {error}") from None
-    return Checkpoint(state, history, metadata)
+        content = _fields(content, "the contents", ("state", "history", "metadata"))
+        return Checkpoint(_check_state(content["state"]), _check_history(content["history"]),
+                          _check_metadata(content["metadata"]))
+    except Exception as error:  # noqa: BLE001 - _Invalid, or anything a malformed structure raises
+        raise CheckpointError(f"{path!r} is not a valid fwdtrain checkpoint: {error}. It was not written by "
+                              f"fwdtrain.save (version {VERSION}) or was edited afterwards") from None
 
 
-__all__ = ["Checkpoint", "save", "load", "CheckpointError"]
+def _equal(value: Any, expected: str | int) -> bool:
+    """``value == expected`` for a header field that may be of any type (a tensor would not give a bool)."""
+    return type(value) is type(expected) and value == expected
+
+
+def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.Tensor | None = None,
+                     name: str = "the problem") -> None:
+    """Raise ``CheckpointError`` unless the checkpoint's theta has the structure, shapes and dtype of ``theta``.
+
+    ``theta`` is the problem's parameter pytree (e.g. ``model.theta``); with ``x0`` the
+    state dimension d and dtype of the particles are checked too. Call it before resuming
+    a checkpoint with a problem, so a checkpoint of another SDE is refused by name.
+    """
+    state = checkpoint.state if isinstance(checkpoint, Checkpoint) else checkpoint
+    if not isinstance(state, State):
+        raise TypeError(f"check_compatible expects a Checkpoint or State, got {type(checkpoint).__name__}")
+    saved = dict(leaves_with_paths(state.theta))
+    wanted = dict(leaves_with_paths(theta))
+    missing = ["theta" + path for path in wanted if path not in saved]
+    extra = ["theta" + path for path in saved if path not in wanted]
+    if missing or extra:
+        raise CheckpointError(
+            f"the checkpoint's theta does not fit {name}: "
+            + "; ".join(part for part in (missing and f"{name} has {', '.join(missing)} that the checkpoint lacks",
+                                          extra and f"the checkpoint has {', '.join(extra)} that {name} lacks") if part)
+            + ". It was saved for another problem or model; resume it with the problem it was written for")
+    if optree.tree_structure(state.theta) != optree.tree_structure(theta):
+        raise CheckpointError(f"the checkpoint's theta has the structure {optree.tree_structure(state.theta)}, "
+                              f"{name} has {optree.tree_structure(theta)}; resume it with the problem it was written for")
+    for path, leaf in wanted.items():
+        got = saved[path]
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(f"theta{path} is a {type(leaf).__name__}, expected a tensor")
+        if got.shape != leaf.shape or got.dtype != leaf.dtype:
+            raise CheckpointError(
+                f"the checkpoint's theta{path} is {tuple(got.shape)} {got.dtype} but {name} has "
+                f"{tuple(leaf.shape)} {leaf.dtype}: it was saved for another model size or dtype; "
+                f"use the same settings (e.g. --hidden, --dtype) as the run that wrote it")
+    if x0 is not None:
+        d = x0.shape[-1] if x0.ndim else 0
+        if state.x.shape[1] != d or state.x.dtype != x0.dtype:
+            raise CheckpointError(f"the checkpoint's particles are {tuple(state.x.shape)} {state.x.dtype} but "
+                                  f"{name}'s x0 has dimension d = {d} and dtype {x0.dtype}; resume it with the "
+                                  f"problem it was written for")
+
+
+__all__ = ["Checkpoint", "save", "load", "check_compatible", "CheckpointError"]

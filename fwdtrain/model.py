@@ -7,6 +7,7 @@ A model is a pair ``(apply, theta)``: ``apply(theta, x)`` is a pure function and
 from __future__ import annotations
 
 import math
+from numbers import Integral
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -70,9 +71,13 @@ def mlp(
     ``"weight{i}"`` and ``"bias{i}"``. ``apply`` accepts ``x`` of shape
     ``(sizes[0],)`` or ``(..., sizes[0])``.
     """
+    sizes = list(sizes)
+    if len(sizes) < 2 or not all(isinstance(s, Integral) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise ValueError(f"mlp(sizes) needs at least two positive integer layer widths, got {sizes}; "
+                         f"e.g. mlp([d, 16, d])")
     sizes = [int(s) for s in sizes]
-    if len(sizes) < 2 or min(sizes) < 1:
-        raise ValueError(f"mlp(sizes) needs at least two positive layer widths, got {sizes}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"mlp(dtype=...) must be a floating dtype (torch.float32 or torch.float64), got {dtype}")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}")
     act = _ACTIVATIONS[activation]

@@ -122,6 +122,11 @@ class BrownianNoise:
             source.draw(int(saved["offset"]))
         return source
 
+    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "BrownianNoise":
+        """Check that the increments are (N, m) = ``shape`` of ``dtype`` on ``device`` (a run's); return self."""
+        _check_fits(f"the noise source {self!r}", (-1, *self.shape), self.dtype, self.device, shape, dtype, device)
+        return self
+
     def copy(self) -> "BrownianNoise":
         """An independent source at the same position."""
         return BrownianNoise.from_state_dict(self.state_dict(), self.dtype, self.device)
@@ -140,9 +145,19 @@ class TensorNoise:
         if not isinstance(increments, torch.Tensor) or increments.ndim != 3:
             raise ValueError(f"noise must be a (steps, particles, m) tensor of increments, got "
                              f"{getattr(increments, 'shape', type(increments).__name__)}")
+        if not increments.is_floating_point():
+            raise TypeError(f"the noise tensor has dtype {increments.dtype}; increments must be floating, of the "
+                            f"run's dtype (e.g. increments.to(torch.float32))")
         self.increments = increments
         self.shape = tuple(increments.shape[1:])
+        self.dtype = increments.dtype
+        self.device = increments.device
         self.position = position
+
+    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "TensorNoise":
+        """Check that the increments are (N, m) = ``shape`` of ``dtype`` on ``device`` (a run's); return self."""
+        _check_fits("the noise tensor", tuple(self.increments.shape), self.dtype, self.device, shape, dtype, device)
+        return self
 
     def draw(self, count: int) -> torch.Tensor:
         end = self.position + count
@@ -165,7 +180,9 @@ class FunctionNoise:
     """User increments from ``fn(start, count) -> (count, N, m)``: dW_start, ..., dW_{start+count-1}.
 
     ``fn`` must be a pure function of the step index (so results do not depend
-    on the chunk size and a resumed run sees the same increments).
+    on the chunk size and a resumed run sees the same increments). Every draw is
+    checked (cheaply: shape, dtype, device) against ``expect``'s (N, m), dtype and
+    device, or, before ``expect`` is called, against the first draw.
     """
 
     kind = "function"
@@ -175,13 +192,29 @@ class FunctionNoise:
             raise TypeError(f"noise function must be callable, got {type(fn).__name__}")
         self.fn = fn
         self.position = position
-        self.shape = None
+        self.shape: tuple[int, int] | None = None
+        self.dtype: torch.dtype | None = None
+        self.device: torch.device | None = None
+
+    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "FunctionNoise":
+        """Check every later draw against (N, m) = ``shape``, ``dtype`` and ``device`` (a run's); return self."""
+        self.shape, self.dtype, self.device = (int(shape[0]), int(shape[1])), dtype, torch.device(device)
+        return self
 
     def draw(self, count: int) -> torch.Tensor:
-        out = self.fn(self.position, count)
+        start = self.position
+        out = self.fn(start, count)
+        steps = f"steps {start} to {start + count - 1} (fn(start={start}, count={count}))"
         if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[0] != count:
-            raise ValueError(f"noise function returned {getattr(out, 'shape', type(out).__name__)} for "
-                             f"(start={self.position}, count={count}); it must return ({count}, particles, m)")
+            raise ValueError(f"noise function returned {getattr(out, 'shape', type(out).__name__)} for {steps}; "
+                             f"it must return ({count}, particles, m)")
+        if not out.is_floating_point():
+            raise TypeError(f"noise function returned dtype {out.dtype} for {steps}; increments must be floating, "
+                            f"of the run's dtype")
+        if self.shape is None:  # no expectation yet: later draws must match this one
+            self.shape, self.dtype, self.device = tuple(out.shape[1:]), out.dtype, out.device
+        _check_fits(f"noise function for {steps}", tuple(out.shape), out.dtype, out.device,
+                    self.shape, self.dtype, self.device)
         self.position += count
         return out
 
@@ -190,7 +223,27 @@ class FunctionNoise:
         return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
 
     def copy(self) -> "FunctionNoise":
-        return FunctionNoise(self.fn, self.position)
+        twin = FunctionNoise(self.fn, self.position)
+        twin.shape, twin.dtype, twin.device = self.shape, self.dtype, self.device
+        return twin
+
+
+def _check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                expected_shape: tuple[int, int], expected_dtype: torch.dtype,
+                expected_device: torch.device | str) -> None:
+    """Raise naming ``what`` unless increments (steps, *shape[1:]) are (steps, N, m) of the expected dtype and device."""
+    expected_device = torch.device(expected_device)
+    steps = "steps" if shape[0] < 0 else shape[0]
+    if tuple(shape[1:]) != tuple(expected_shape):
+        raise ValueError(f"{what} gave increments of shape ({steps}, {', '.join(map(str, shape[1:]))}) but the run "
+                         f"expects ({steps}, {expected_shape[0]}, {expected_shape[1]}): one (particles, m) "
+                         f"increment per step")
+    if dtype != expected_dtype:
+        raise TypeError(f"{what} gave increments of dtype {dtype} but the run's dtype is {expected_dtype}; "
+                        f"convert them, e.g. .to({expected_dtype})")
+    if device.type != expected_device.type or (expected_device.index is not None and device != expected_device):
+        raise ValueError(f"{what} gave increments on {device} but the run is on {expected_device}; "
+                         f"move them with .to({str(expected_device)!r})")
 
 
 Noise = Union[BrownianNoise, TensorNoise, FunctionNoise]

@@ -8,7 +8,7 @@ import torch
 
 from . import _checks
 from ._tree import tree_map
-from .problem import SDE, Coefficients, Theta
+from .problem import SDE, Coefficients, ControlledSDE, Theta
 
 
 class State(NamedTuple):
@@ -35,17 +35,63 @@ class State(NamedTuple):
         return self.x.shape[1]
 
 
+_SHAPE_WORDS = ("shape", "size", "dimension", "out of range", "out of bounds", "mat1", "broadcast")
+
+
+def _failing_function(sde: SDE, theta: Theta, x: torch.Tensor) -> str:
+    """Which of the SDE's functions raises at x (re-evaluated one by one, on the error path only)."""
+    functions = [("drift", sde.drift), ("diffusion", sde.diffusion), ("cost", sde.cost)]
+    if isinstance(sde, ControlledSDE):
+        functions.insert(0, ("control", sde.control))
+    for field, function in functions:
+        try:
+            function(theta, x)
+        except Exception:  # noqa: BLE001 - only looking for the culprit
+            return field
+    return "coefficients"
+
+
+def _reraise(error: Exception, message: str) -> None:
+    """Raise ``message`` as the type of ``error``, chained to it; add it as a note if the type will not take it."""
+    try:
+        wrapped = type(error)(message)
+    except Exception:  # noqa: BLE001 - an exception type with its own constructor
+        wrapped = None
+    if wrapped is None:
+        error.add_note(message)
+        raise error
+    raise wrapped from error
+
+
 def evaluate_once(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> Coefficients:
-    """Evaluate the coefficients at one particle and check their shapes against x (d,)."""
+    """Evaluate the coefficients at one particle x (d,) and check their shapes, dtypes and device against x.
+
+    An error inside the SDE's functions is re-raised naming the function that raised; the hint about
+    ``name``'s dimension is added only when the error reads like a shape mismatch.
+    """
     d = x.shape[-1]
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): it needs at least one particle "
+                         f"and one entry per state dimension")
     try:
         value = Coefficients(*sde.coefficients(theta, x))
-    except (RuntimeError, IndexError, ValueError) as error:
-        raise ValueError(f"the SDE could not be evaluated at {name} of dimension d = {d}: {error}. "
-                         f"Check that {name} has one entry per state dimension the model expects.") from error
-    for field, tensor in zip(Coefficients._fields, value):
+    except Exception as error:  # noqa: BLE001 - re-raised with the function that raised named
+        culprit = _failing_function(sde, theta, x)
+        text = str(error)
+        if isinstance(error, (RuntimeError, IndexError, ValueError)) and any(w in text for w in _SHAPE_WORDS):
+            raise ValueError(f"the SDE's {culprit} could not be evaluated at {name} of dimension d = {d}: {text}. "
+                             f"Check that {name} has one entry per state dimension the model expects.") from error
+        _reraise(error, f"the SDE's {culprit} raised {type(error).__name__} at {name} (d = {d}): {text}")
+    for field, tensor in zip(("drift", "diffusion", "cost"), value):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"the SDE's {field} returned {type(tensor).__name__}; it must return a torch.Tensor")
+        if tensor.dtype != x.dtype:
+            raise TypeError(f"the SDE's {field} returned dtype {tensor.dtype} at {name} of dtype {x.dtype}; it must "
+                            f"keep the dtype of x and theta (make constants with x.new_tensor(...) or "
+                            f"torch.tensor(..., dtype=x.dtype)), else x is silently promoted and the next step fails")
+        if tensor.device != x.device:
+            raise ValueError(f"the SDE's {field} returned a tensor on {tensor.device} at {name} on {x.device}; "
+                             f"create its tensors on x.device")
     if value.mu.shape != (d,):
         raise ValueError(f"drift returned shape {tuple(value.mu.shape)} at {name} of shape ({d},); "
                          f"it must return ({d},), one entry per state dimension")
@@ -83,6 +129,8 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None)
             raise ValueError(f"x0 has {n} rows but particles={particles}; pass x0 of shape (d,) "
                              f"or one row per particle")
         x = x0.clone()
+        if n == 0:
+            raise ValueError(f"x0 has shape {tuple(x0.shape)}: no particles; pass at least one row")
     else:
         raise ValueError(f"x0 must have shape (d,) or (particles, d), got {tuple(x0.shape)}")
     if x.shape[1] == 0:

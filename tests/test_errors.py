@@ -137,3 +137,67 @@ def test_run_rejects_bad_counts(ex, state):
         ft.run(ex.sde, state, 10, 0.01, 0.1, record_every=0)
     with pytest.raises(ValueError, match="dt must be positive"):
         ft.run(ex.sde, state, 10, 0.0, 0.1)
+
+
+def test_x0_with_no_particles(ex):
+    with pytest.raises(ValueError, match=r"x0 has shape \(0, 1\): no particles"):
+        ft.init(ex.sde, ex.theta, torch.ones(0, 1))
+
+
+def test_coefficient_of_another_dtype_is_refused():
+    theta = {"k": torch.ones(1)}
+    float64_sigma = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones(1, dtype=torch.float64),
+                           lambda th, x: x.sum())
+    with pytest.raises(TypeError, match="diffusion returned dtype torch.float64 at x0 of dtype torch.float32"):
+        ft.init(float64_sigma, theta, torch.ones(1))
+    float64_cost = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones(1), lambda th, x: x.double().sum())
+    with pytest.raises(TypeError, match="cost returned dtype torch.float64"):
+        ft.init(float64_cost, theta, torch.ones(1))
+
+
+class _ModelError(Exception):
+    pass
+
+
+def test_a_coefficients_own_error_names_the_function_without_the_shape_hint():
+    theta = {"k": torch.ones(1)}
+
+    def drift(th, x):
+        raise ZeroDivisionError("rate is zero")
+
+    with pytest.raises(ZeroDivisionError, match="the SDE's drift raised ZeroDivisionError at x0.*rate is zero") as info:
+        ft.init(ft.SDE(drift, lambda th, x: torch.ones(1), lambda th, x: x.sum()), theta, torch.ones(1))
+    assert "one entry per state dimension" not in str(info.value)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+    def cost(th, x):
+        raise RuntimeError("table not loaded")
+
+    with pytest.raises(RuntimeError, match="the SDE's cost raised RuntimeError.*table not loaded"):
+        ft.init(ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), cost), theta, torch.ones(1))
+
+    def control(th, x):
+        raise _ModelError("bad control")
+
+    controlled = ft.ControlledSDE(control, lambda x, u: u, lambda x, u: torch.ones(1), lambda x, u: u.sum())
+    with pytest.raises(_ModelError, match="the SDE's control raised _ModelError"):
+        ft.init(controlled, theta, torch.ones(1))
+
+
+def test_a_shape_error_inside_a_coefficient_keeps_the_dimension_hint(ex):
+    with pytest.raises(ValueError, match="control could not be evaluated at x0 of dimension d = 3.*one entry per state"):
+        ft.init(ex.sde, ex.theta, torch.ones(3))
+
+
+class _TwoArgumentError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+
+
+def test_an_error_type_that_takes_other_arguments_gets_a_note():
+    def cost(th, x):
+        raise _TwoArgumentError(7, "no table")
+
+    with pytest.raises(_TwoArgumentError) as info:
+        ft.init(ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), cost), {"k": torch.ones(1)}, torch.ones(1))
+    assert any("the SDE's cost raised" in note for note in info.value.__notes__)

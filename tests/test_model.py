@@ -54,3 +54,15 @@ def test_mlp_bad_arguments():
         ft.mlp([3])
     with pytest.raises(ValueError, match="activation"):
         ft.mlp([1, 2], activation="gelu-ish")
+
+
+@pytest.mark.parametrize("sizes", [[1.5, 16, 1], [1, 0, 1], [1, True, 1], [1, "16", 1], [2]])
+def test_mlp_refuses_widths_that_are_not_positive_integers(sizes):
+    with pytest.raises(ValueError, match="positive integer layer widths"):
+        ft.mlp(sizes)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32"])
+def test_mlp_refuses_a_dtype_that_is_not_floating(dtype):
+    with pytest.raises(TypeError, match="floating dtype"):
+        ft.mlp([1, 4, 1], dtype=dtype)

@@ -79,3 +79,42 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="seed"):
         BrownianNoise((2, 1), 0.1, seed=1.5)
     assert ft.BrownianNoise is BrownianNoise
+
+
+def test_noise_tensor_dtype_and_shape_are_checked():
+    with pytest.raises(TypeError, match="torch.int64.*must be floating"):
+        TensorNoise(torch.zeros(5, 2, 1, dtype=torch.int64))
+    source = TensorNoise(torch.zeros(5, 2, 1, dtype=torch.float64))
+    assert source.expect((2, 1), torch.float64, "cpu") is source
+    with pytest.raises(TypeError, match=r"dtype torch.float64 but the run's dtype is torch.float32.*\.to\(torch.float32\)"):
+        source.expect((2, 1), torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"shape \(5, 2, 1\) but the run expects \(5, 3, 1\)"):
+        source.expect((3, 1), torch.float64, "cpu")
+
+
+def test_noise_function_is_checked_on_every_draw():
+    def increments(dtype, m=1):
+        return lambda start, count: torch.zeros(count, 2, m, dtype=dtype)
+
+    source = FunctionNoise(increments(torch.float64)).expect((2, 1), torch.float32, "cpu")
+    source.position = 10
+    with pytest.raises(TypeError, match=r"steps 10 to 14 .*dtype torch.float64 but the run's dtype is torch.float32"):
+        source.draw(5)
+    with pytest.raises(ValueError, match=r"steps 0 to 2 .*shape \(3, 2, 2\) but the run expects \(3, 2, 1\)"):
+        FunctionNoise(increments(torch.float32, m=2)).expect((2, 1), torch.float32, "cpu").draw(3)
+    with pytest.raises(TypeError, match="must be floating"):
+        FunctionNoise(lambda start, count: torch.zeros(count, 2, 1, dtype=torch.int32)).draw(1)
+    # without expect, a draw must match the first one; the expectation survives copy()
+    switching = FunctionNoise(lambda start, count: torch.zeros(count, 2, 1, dtype=torch.float64 if start else torch.float32))
+    switching.draw(1)
+    with pytest.raises(TypeError, match=r"steps 1 to 1"):
+        switching.copy().draw(1)
+    assert torch.equal(FunctionNoise(increments(torch.float32)).expect((2, 1), torch.float32, "cpu").copy().draw(2),
+                       torch.zeros(2, 2, 1))
+
+
+def test_brownian_noise_expect():
+    source = BrownianNoise((2, 1), 0.1)
+    assert source.expect((2, 1), torch.float32, "cpu") is source
+    with pytest.raises(TypeError, match="torch.float64"):
+        source.expect((2, 1), torch.float64, "cpu")
