@@ -54,16 +54,6 @@ def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
     return CompiledOrEager(kernel, "step", "inductor", STEP_OPTIONS)
 
 
-def _refuse_transformed(*inputs: Any) -> None:
-    """``compile=True`` needs concrete inputs: dynamo cannot trace the wrappers of an enclosing transform."""
-    for leaf in leaves(inputs):
-        kind = _checks.transform_of(leaf)
-        if kind is not None:
-            raise RuntimeError(f"step(..., compile=True) cannot run inside torch.func.{kind}: torch.compile does "
-                               f"not trace the tensors of an enclosing transform. Call step(..., compile=False) "
-                               f"inside the transform (the same maths, eager)")
-
-
 def step_with_info(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
     compile: bool = False,
@@ -73,9 +63,8 @@ def step_with_info(
     resolved = resolve_step_mode(mode, state, dw.shape[1])
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
-    if not compile:
-        return advance(sde, state, dw, dt, alpha, resolved)
-    _refuse_transformed(state, dw, dt, alpha)
+    if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, dt, alpha))):
+        return advance(sde, state, dw, dt, alpha, resolved)  # eager; also inside the user's torch.func transform
     alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
     return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved)
 
@@ -103,8 +92,8 @@ def step(
     ``step`` is a pure function and composes with ``torch.func`` (grad, jacrev, jacfwd,
     vjp, jvp, vmap) in all its tensor inputs: theta and x in ``state``, ``dw``, ``dt``,
     a tensor ``lr`` or the tensors a schedule closes over. Structure checks always run;
-    value checks (finite, >= 0, requires_grad) only on concrete tensors. ``compile=True``
-    refuses transformed inputs with a clear error.
+    value checks (finite, >= 0, requires_grad) only on concrete tensors. With ``compile=True``
+    inside a transform the step runs eagerly (torch.compile cannot trace the transform's tensors).
     """
     return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile)[0]
 
