@@ -45,7 +45,7 @@ def _parameter(value: Parameter, factory: str, name: str, *, minimum: float | No
         raise ValueError(f"{factory}: {name} must be finite, got {number}")
     if minimum is not None and (number <= minimum if strict else number < minimum):
         relation = ">" if strict else ">="
-        raise ValueError(f"{factory}: {name} must be {relation} {minimum}, got {number}")
+        raise ValueError(f"{factory}: {name} must be {relation} {minimum:g}, got {number}")
     return value
 
 
