@@ -1,4 +1,14 @@
-"""Input validation: clear errors, raised before anything is computed (private)."""
+"""Input validation: clear errors, raised before anything is computed.
+
+Two kinds of check:
+
+- structure (types, shapes, dtypes, pytree structure): always, also inside the
+  user's ``torch.func`` transforms and ``torch.compile``;
+- values (finite, positive, ``requires_grad``): only on concrete tensors
+  (``is_concrete``). Inside ``grad``/``vmap``/``jacfwd``/... a tensor is a functorch
+  wrapper whose value is a tracer or a batch, and reading it (``bool``, ``.item()``)
+  would crash ``vmap`` or cut the transform; those checks are skipped there.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +20,49 @@ import torch
 
 from ._tree import leaves_with_paths
 
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
-def check_theta(theta: Any, name: str = "theta") -> tuple[torch.dtype, torch.device]:
-    """Every leaf a finite floating tensor without grad, one dtype and device."""
+
+def is_concrete(value: Any) -> bool:
+    """True for a value whose number can be read: a Python number or a plain tensor.
+
+    False for a tensor wrapped by a ``torch.func`` transform (``vmap``'s BatchedTensor,
+    the GradTrackingTensor of ``grad``, ``jacrev``, ``jacfwd``, ``vjp``, ``jvp``) and for
+    every tensor while ``torch.compile`` traces. Value checks run only on concrete values.
+    """
+    if not isinstance(value, torch.Tensor):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return not torch._C._functorch.is_functorch_wrapped_tensor(value)
+
+
+def transform_of(value: Any) -> str | None:
+    """The kind of ``torch.func`` transform wrapping ``value``, for error messages; None if concrete."""
+    if not isinstance(value, torch.Tensor) or torch.compiler.is_compiling():
+        return None
+    functorch = torch._C._functorch
+    if functorch.is_batchedtensor(value):
+        return "vmap"
+    if functorch.is_functorch_wrapped_tensor(value):
+        return "grad/jacrev/jacfwd/vjp/jvp"
+    return None
+
+
+def check_dtype(dtype: torch.dtype, name: str, allow_low_precision: bool = False) -> None:
+    """float32 or float64; bfloat16/float16 only with the explicit opt-in ``allow_low_precision=True``."""
+    if dtype in SUPPORTED_DTYPES or (allow_low_precision and dtype.is_floating_point):
+        return
+    raise TypeError(f"{name} has dtype {dtype}; fwdtrain trains in float32 or float64 (in {dtype} an update "
+                    f"alpha h G smaller than the spacing of theta is rounded away and training stalls "
+                    f"silently). Cast with .float() or .double(), or pass allow_low_precision=True to "
+                    f"opt in to {dtype} knowingly")
+
+
+def check_theta(theta: Any, name: str = "theta", allow_low_precision: bool = False
+                ) -> tuple[torch.dtype, torch.device]:
+    """Every leaf a floating tensor (float32/float64 unless ``allow_low_precision``), one dtype and device;
+    concrete leaves also finite and without ``requires_grad``."""
     pairs = leaves_with_paths(theta)
     if not pairs:
         raise ValueError(f"{name} has no tensors: pass a dict (or other pytree) of parameter tensors")
@@ -23,11 +73,9 @@ def check_theta(theta: Any, name: str = "theta") -> tuple[torch.dtype, torch.dev
         if not leaf.is_floating_point():
             raise TypeError(f"{name}{path} has dtype {leaf.dtype}; parameters must be floating tensors "
                             f"(float32 or float64), e.g. tensor.double()")
-        if leaf.requires_grad:
-            raise ValueError(f"{name}{path} requires grad; fwdtrain derives every derivative with torch.func "
-                             f"and needs plain tensors: pass tensor.detach() (fwdtrain.functional(module) does this)")
-        if not bool(torch.isfinite(leaf).all()):
-            raise ValueError(f"{name}{path} contains NaN or inf")
+        check_dtype(leaf.dtype, f"{name}{path}", allow_low_precision)
+        if is_concrete(leaf):
+            _check_values(leaf, f"{name}{path}")
         dtypes.add(leaf.dtype)
         devices.add(leaf.device)
     if len(dtypes) > 1:
@@ -37,17 +85,27 @@ def check_theta(theta: Any, name: str = "theta") -> tuple[torch.dtype, torch.dev
     return dtypes.pop(), devices.pop()
 
 
+def _check_values(leaf: torch.Tensor, name: str) -> None:
+    """A concrete tensor: no ``requires_grad``, every entry finite."""
+    if leaf.requires_grad:
+        raise ValueError(f"{name} requires grad; fwdtrain derives every derivative with torch.func and needs "
+                         f"plain tensors: pass {name}.detach() (fwdtrain.functional(module) does this for a "
+                         f"module). To differentiate through fwdtrain use torch.func.grad/jacfwd/jacrev/vjp/jvp, "
+                         f"not torch.autograd")
+    if not bool(torch.isfinite(leaf).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
 def check_tensor(value: Any, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of theta's dtype and device; if concrete, also finite and without ``requires_grad``."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype != dtype:
         raise TypeError(f"{name} has dtype {value.dtype} but theta has {dtype}; use one dtype, e.g. {name}.to({dtype})")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but theta is on {device}; move it with .to({str(device)!r})")
-    if value.requires_grad:
-        raise ValueError(f"{name} requires grad; pass {name}.detach()")
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} contains NaN or inf")
+    if is_concrete(value):
+        _check_values(value, name)
     return value
 
 
@@ -56,7 +114,9 @@ def check_dt(dt: Any) -> None:
     if isinstance(dt, torch.Tensor):
         if dt.ndim != 0:
             raise ValueError(f"dt must be a number or a 0-d tensor, got a tensor of shape {tuple(dt.shape)}")
-        if torch.compiler.is_compiling():
+        if not dt.is_floating_point():
+            raise TypeError(f"dt must be a floating number or tensor, got dtype {dt.dtype}")
+        if not is_concrete(dt):
             return
         dt = dt.item()
     if isinstance(dt, bool) or not isinstance(dt, Real):
@@ -66,18 +126,51 @@ def check_dt(dt: Any) -> None:
 
 
 def check_lr(lr: Any) -> None:
+    """A schedule (checked later, on its value: ``check_alpha``), or a number / 0-d floating tensor, finite, >= 0."""
     if callable(lr):
         return
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0:
-            raise ValueError(f"lr must be a number, a 0-d tensor or a schedule t -> lr, got shape {tuple(lr.shape)}")
-        if torch.compiler.is_compiling():
+            raise ValueError(f"lr must be a number, a 0-d tensor or a schedule t -> lr, got shape {tuple(lr.shape)}"
+                             + (" (under vmap, lr is one run's learning rate: batch the runs with vmap's in_dims, "
+                                "not inside lr)" if transform_of(lr) == "vmap" else ""))
+        if not lr.is_floating_point():
+            raise TypeError(f"lr must be a floating tensor, got dtype {lr.dtype}; e.g. torch.tensor(0.1)")
+        if not is_concrete(lr):
             return
         lr = lr.item()
     if isinstance(lr, bool) or not isinstance(lr, Real):
         raise TypeError(f"lr must be a number or a schedule (a function of t), got {type(lr).__name__}")
     if not math.isfinite(lr) or lr < 0:
         raise ValueError(f"lr must be finite and >= 0, got {lr}")
+
+
+def check_alpha(alpha: Any, t: Any, lr: Any) -> None:
+    """The learning rate alpha(t_n) that a step will use: a real number or a 0-d floating tensor; if
+    concrete, also finite and >= 0. ``lr`` (a schedule or a value) and ``t`` name the culprit in the error."""
+    source = f"the schedule {_describe(lr)}" if callable(lr) else f"lr = {lr!r}"
+    at = f"t = {float(t):.6g}" if is_concrete(t) else "t"
+    if isinstance(alpha, torch.Tensor):
+        if alpha.ndim != 0 or not alpha.is_floating_point():
+            raise ValueError(f"{source} returned a {alpha.dtype} tensor of shape {tuple(alpha.shape)} at {at}; "
+                             f"a learning rate must be one floating number (a 0-d tensor), not per-parameter")
+        if not is_concrete(alpha):
+            return
+        value = alpha.item()
+    elif isinstance(alpha, Real) and not isinstance(alpha, bool):
+        value = float(alpha)
+    else:
+        raise TypeError(f"{source} returned {type(alpha).__name__} ({alpha!r:.50}) at {at}; a learning rate "
+                        f"must be a number or a 0-d floating tensor")
+    if not math.isfinite(value):
+        raise ValueError(f"{source} returned {value} at {at}; a learning rate must be finite")
+    if value < 0:
+        raise ValueError(f"{source} returned {value} at {at}; a learning rate must be >= 0 "
+                         f"(a negative one runs gradient ascent)")
+
+
+def _describe(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def check_count(value: Any, name: str, minimum: int = 1) -> int:
@@ -94,4 +187,5 @@ def check_same_structure(tree: Any, reference: Any, name: str, reference_name: s
                          f"{optree.tree_structure(tree)} vs {optree.tree_structure(reference)}")
 
 
-__all__ = ["check_theta", "check_tensor", "check_dt", "check_lr", "check_count", "check_same_structure"]
+__all__ = ["SUPPORTED_DTYPES", "is_concrete", "transform_of", "check_dtype", "check_theta", "check_tensor",
+           "check_dt", "check_lr", "check_alpha", "check_count", "check_same_structure"]

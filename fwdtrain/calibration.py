@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from . import _checks
 from ._tree import tree_map
 from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
@@ -110,11 +111,12 @@ def _coefficients(problem: Calibration):
     return coefficients
 
 
-def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None) -> State:
+def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
+         allow_low_precision: bool = False) -> State:
     """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,)."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
-    state = _init_state(problem.sde, theta, x0, particles)
+    state = _init_state(problem.sde, theta, x0, particles, allow_low_precision=allow_low_precision)
     if state.particles % 2:
         raise ValueError(f"a calibration needs an even number of particles (two independent halves), "
                          f"got {state.particles}")
@@ -130,25 +132,25 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
     """The calibration step without input checks (see the module docstring).
 
     ``reduce`` maps G before the update (as in ``fwdtrain.euler.advance``); None keeps it.
+    Pure and transformable (``torch.func.grad``, ``vmap``, ...), like ``fwdtrain.euler.advance``.
     """
-    with torch.no_grad():
-        value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
-        x, x_tilde = euler_update(state, value, total, dw, dt)
-        half = state.particles // 2
-        targets = problem.targets.to(value.cost)
-        weights = problem.weights.to(value.cost)
-        error_a = value.cost[:half].mean(0) - targets
-        error_b = value.cost[half:].mean(0) - targets
+    value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
+    x, x_tilde = euler_update(state, value, total, dw, dt)
+    half = state.particles // 2
+    targets = problem.targets.to(value.cost)
+    weights = problem.weights.to(value.cost)
+    error_a = value.cost[:half].mean(0) - targets
+    error_b = value.cost[half:].mean(0) - targets
 
-        def gradient_leaf(d_phi: torch.Tensor) -> torch.Tensor:  # (N, k, *s) -> (*s)
-            mean_a, mean_b = d_phi[:half].mean(0), d_phi[half:].mean(0)
-            return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
+    def gradient_leaf(d_phi: torch.Tensor) -> torch.Tensor:  # (N, k, *s) -> (*s)
+        mean_a, mean_b = d_phi[:half].mean(0), d_phi[half:].mean(0)
+        return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
 
-        gradient = tree_map(gradient_leaf, total.cost)
-        if reduce is not None:
-            gradient = reduce(gradient)
-        theta = descend(state.theta, gradient, alpha, dt)
-        info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
+    gradient = tree_map(gradient_leaf, total.cost)
+    if reduce is not None:
+        gradient = reduce(gradient)
+    theta = descend(state.theta, gradient, alpha, dt)
+    info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
     return State(x, x_tilde, theta, state.t + dt), info
 
 
@@ -175,7 +177,9 @@ def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any
                    *, mode: Mode = "auto") -> tuple[State, CalibrationInfo]:
     """One pure calibration step and its ``CalibrationInfo`` at time n."""
     check_inputs(problem, state, dw, dt, lr)
-    return advance(problem, state, dw, dt, learning_rate(lr, state.t), resolve_mode(problem, state, mode))
+    alpha = learning_rate(lr, state.t)
+    _checks.check_alpha(alpha, state.t, lr)
+    return advance(problem, state, dw, dt, alpha, resolve_mode(problem, state, mode))
 
 
 def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,

@@ -17,7 +17,10 @@ tensors (an SDE whose drift uses a matrix A: "lifted arguments" are unsupported)
 ran no faster than plain unrolling.
 
 If compilation fails (an unsupported operation in a user's SDE, no C++ compiler),
-the function warns once and runs the same code eagerly from then on.
+the function warns once and runs the same code eagerly from then on. Called inside
+the user's ``torch.func`` transform (``grad``, ``jacfwd``, ``vmap``, ...), whose wrapped
+tensors dynamo cannot trace from outside, a compiled function runs its eager twin for
+that call: the same values and correct derivatives, without the speed-up.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from . import _checks
-from ._tree import tree_map
+from ._tree import leaves, tree_map
 from .euler import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 from .problem import SDE
 from .state import State
@@ -60,6 +63,8 @@ class CompiledOrEager:
         self.compiled: Callable | None = torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
+        if self.compiled is not None and not all(_checks.is_concrete(leaf) for leaf in leaves(args)):
+            return self.eager(*args)  # inside the user's torch.func transform: dynamo cannot trace its wrappers
         if self.compiled is not None:
             try:
                 return self.compiled(*args)

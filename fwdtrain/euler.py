@@ -88,20 +88,21 @@ def advance(
 
     ``reduce`` maps the local particle-mean gradient pytree to the one used for
     the update (e.g. an all-reduce mean across processes); None keeps it.
+    No ``no_grad``: the step is differentiable by the user's ``torch.func`` transforms
+    (on plain tensors nothing records a graph anyway).
     """
-    with torch.no_grad():
-        value, total = linearise_particles(sde.coefficients, state.theta, state.x, state.x_tilde, mode)
-        diagonal = value.sigma.ndim == 2
-        expected_m = state.dim if diagonal else value.sigma.shape[-1]
-        if dw.shape[1] != expected_m:
-            raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, "
-                             f"{expected_m}) Brownian increments")
-        x, x_tilde = euler_update(state, value, total, dw, dt)
-        gradient = tree_map(lambda g: g.mean(0), total.cost)
-        if reduce is not None:
-            gradient = reduce(gradient)
-        theta = descend(state.theta, gradient, alpha, dt)
-        new_state = State(x, x_tilde, theta, state.t + dt)
+    value, total = linearise_particles(sde.coefficients, state.theta, state.x, state.x_tilde, mode)
+    diagonal = value.sigma.ndim == 2
+    expected_m = state.dim if diagonal else value.sigma.shape[-1]
+    if dw.shape[1] != expected_m:
+        raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, "
+                         f"{expected_m}) Brownian increments")
+    x, x_tilde = euler_update(state, value, total, dw, dt)
+    gradient = tree_map(lambda g: g.mean(0), total.cost)
+    if reduce is not None:
+        gradient = reduce(gradient)
+    theta = descend(state.theta, gradient, alpha, dt)
+    new_state = State(x, x_tilde, theta, state.t + dt)
     return new_state, StepInfo(value.cost.mean(), gradient)
 
 

@@ -2,36 +2,70 @@
 
 Each factory returns ``schedule(t) -> alpha(t)``; ``t`` may be a float or a
 0-d tensor, and the schedule works under ``vmap`` and ``torch.compile``.
+
+A parameter passed as a tensor stays a tensor (it is not turned into a float),
+so ``torch.func.grad`` of a training run with respect to a schedule's parameter
+(a meta-gradient) flows through the schedule, and ``vmap`` can batch it.
+Arguments are validated when they are concrete (numbers or plain tensors):
+finite, and >= 0 for learning rates, with errors naming the factory and argument.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import math
+from typing import Callable, Sequence, Union
 
 import torch
 
+from ._checks import is_concrete
+
 Schedule = Callable[[torch.Tensor], torch.Tensor]
+Parameter = Union[float, torch.Tensor]
 
 
 def _as_tensor(t) -> torch.Tensor:
     return t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
 
 
-def constant(value: float) -> Schedule:
-    """alpha(t) = value."""
-    value = float(value)
+def _parameter(value: Parameter, factory: str, name: str, *, minimum: float | None = 0.0,
+               strict: bool = False) -> Parameter:
+    """A number (as float) or a 0-d floating tensor (kept as it is); if concrete, finite and >= (or >) minimum."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or not value.is_floating_point():
+            raise ValueError(f"{factory}: {name} must be a number or a 0-d floating tensor, "
+                             f"got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        if not is_concrete(value):
+            return value
+        number = value.item()
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{factory}: {name} must be a number or a 0-d floating tensor, got {type(value).__name__}")
+    else:
+        number = value = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{factory}: {name} must be finite, got {number}")
+    if minimum is not None and (number <= minimum if strict else number < minimum):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{factory}: {name} must be {relation} {minimum:g}, got {number}")
+    return value
+
+
+def constant(value: Parameter) -> Schedule:
+    """alpha(t) = value (>= 0)."""
+    value = _parameter(value, "constant", "value")
 
     def schedule(t):
-        return torch.full_like(_as_tensor(t), value)
+        return torch.zeros_like(_as_tensor(t)) + value
 
     return schedule
 
 
-def inverse_time(scale: float, offset: float = 1.0) -> Schedule:
-    """alpha(t) = scale / (offset + t): int alpha = inf, int alpha^2 < inf (the Robbins-Monro conditions)."""
-    if offset <= 0:
-        raise ValueError(f"inverse_time needs offset > 0 so that alpha(0) is finite, got {offset}")
-    scale, offset = float(scale), float(offset)
+def inverse_time(scale: Parameter, offset: Parameter = 1.0) -> Schedule:
+    """alpha(t) = scale / (offset + t): int alpha = inf, int alpha^2 < inf (the Robbins-Monro conditions).
+
+    scale >= 0; offset > 0 so that alpha(0) is finite.
+    """
+    scale = _parameter(scale, "inverse_time", "scale")
+    offset = _parameter(offset, "inverse_time", "offset", strict=True)
 
     def schedule(t):
         return scale / (offset + _as_tensor(t))
@@ -39,23 +73,27 @@ def inverse_time(scale: float, offset: float = 1.0) -> Schedule:
     return schedule
 
 
-def piecewise_constant(values: Sequence[float], boundaries: Sequence[float]) -> Schedule:
+def piecewise_constant(values: Sequence[Parameter], boundaries: Sequence[Parameter]) -> Schedule:
     """alpha(t) = values[i] for boundaries[i-1] < t <= boundaries[i] (values[0] up to boundaries[0]).
 
     Branch-free: alpha(t) = values[0] + sum_i (values[i+1] - values[i]) 1[t > boundaries[i]].
+    values >= 0 and finite; boundaries finite and strictly increasing.
     """
-    values = [float(v) for v in values]
-    boundaries = [float(b) for b in boundaries]
+    values = [_parameter(v, "piecewise_constant", f"values[{i}]") for i, v in enumerate(values)]
+    boundaries = [_parameter(b, "piecewise_constant", f"boundaries[{i}]", minimum=None)
+                  for i, b in enumerate(boundaries)]
     if len(values) != len(boundaries) + 1:
         raise ValueError(f"piecewise_constant needs one more value than boundaries, "
                          f"got {len(values)} values and {len(boundaries)} boundaries")
-    if any(b1 <= b0 for b0, b1 in zip(boundaries, boundaries[1:])):
-        raise ValueError(f"boundaries must increase strictly, got {boundaries}")
+    if all(is_concrete(b) for b in boundaries):
+        numbers = [float(b) for b in boundaries]
+        if any(b1 <= b0 for b0, b1 in zip(numbers, numbers[1:])):
+            raise ValueError(f"piecewise_constant: boundaries must increase strictly, got {numbers}")
     jumps = [(b, v1 - v0) for b, v0, v1 in zip(boundaries, values, values[1:])]
 
     def schedule(t):
         t = _as_tensor(t)
-        alpha = torch.full_like(t, values[0])
+        alpha = torch.zeros_like(t) + values[0]
         for boundary, jump in jumps:
             alpha = alpha + jump * (t > boundary).to(t.dtype)
         return alpha
@@ -63,6 +101,7 @@ def piecewise_constant(values: Sequence[float], boundaries: Sequence[float]) -> 
     return schedule
 
 
-def staged(scale: float) -> Schedule:
+def staged(scale: Parameter) -> Schedule:
     """The seed's schedule: C up to t = 50, C/2 up to 100, C/5 up to 500, C/10 after."""
+    scale = _parameter(scale, "staged", "scale")
     return piecewise_constant([scale, scale / 2, scale / 5, scale / 10], [50.0, 100.0, 500.0])

@@ -46,10 +46,13 @@ class SGDCTInfo(NamedTuple):
     direction: Any
 
 
-def init(theta: Theta) -> SGDCTState:
-    """The estimator at t = 0 with a copy of theta."""
-    dtype, device = _checks.check_theta(theta)
-    return SGDCTState(tree_map(lambda leaf: leaf.detach().clone(), theta), torch.zeros((), dtype=dtype, device=device))
+def init(theta: Theta, *, allow_low_precision: bool = False) -> SGDCTState:
+    """The estimator at t = 0 with a copy (``clone``: transparent to ``torch.func`` transforms) of theta.
+
+    theta must be float32 or float64 unless ``allow_low_precision=True``.
+    """
+    dtype, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
+    return SGDCTState(tree_map(torch.clone, theta), torch.zeros((), dtype=dtype, device=device))
 
 
 def _weighted_residual(sigma: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -73,15 +76,15 @@ def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: 
     """One SGDCT step without input checks (see the module docstring).
 
     x, dx (d,): one path; (P, d): P independent paths observed together, whose updates are averaged.
+    Pure and transformable (``torch.func.grad``, ``vmap``, ...): no ``no_grad``, no ``.item()``.
     """
-    with torch.no_grad():
-        if x.ndim == 1:
-            ascent, quadratic = _one_path(sde, state.theta, x, dx, dt)
-        else:
-            ascent, quadratic = vmap(lambda xi, dxi: _one_path(sde, state.theta, xi, dxi, dt))(x, dx)
-            ascent, quadratic = tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
-        theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
-        info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
+    if x.ndim == 1:
+        ascent, quadratic = _one_path(sde, state.theta, x, dx, dt)
+    else:
+        ascent, quadratic = vmap(lambda xi, dxi: _one_path(sde, state.theta, xi, dxi, dt))(x, dx)
+        ascent, quadratic = tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
+    theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
+    info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
     return SGDCTState(theta, state.t + dt), info
 
 
@@ -141,7 +144,7 @@ def check_inputs(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any)
         raise TypeError(f"sgdct expects a fwdtrain.SDE (its drift is estimated), got {type(sde).__name__}")
     if not isinstance(state, SGDCTState):
         raise TypeError(f"state must be a fwdtrain.sgdct.SGDCTState (from sgdct.init), got {type(state).__name__}")
-    dtype, device = _checks.check_theta(state.theta, "state.theta")
+    dtype, device = _checks.check_theta(state.theta, "state.theta", allow_low_precision=True)  # opted in at init
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     x = _checks.check_tensor(x, "x", dtype, device)
@@ -156,7 +159,9 @@ def step_with_info(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tenso
                    lr: LearningRate) -> tuple[SGDCTState, SGDCTInfo]:
     """``step`` that also returns the ``SGDCTInfo`` at step n."""
     check_inputs(sde, state, x, dx, dt, lr)
-    return advance(sde, state, x, dx, dt, learning_rate(lr, state.t))
+    alpha = learning_rate(lr, state.t)
+    _checks.check_alpha(alpha, state.t, lr)
+    return advance(sde, state, x, dx, dt, alpha)
 
 
 def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate) -> SGDCTState:

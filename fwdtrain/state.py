@@ -109,16 +109,20 @@ def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
     return sigma.shape[-1]
 
 
-def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None) -> State:
+def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
+         allow_low_precision: bool = False) -> State:
     """The state at t = 0: x = x0 for every particle, x_tilde = 0.
 
     x0 is (d,) (copied to every particle; ``particles`` defaults to 1) or (N, d)
-    (one row per particle). theta is copied so later changes to it by the
-    caller cannot leak into the state.
+    (one row per particle). theta is copied (``clone``, not ``detach``) so later
+    changes to it by the caller cannot leak into the state, while the user's own
+    ``torch.func`` transforms see through ``init``: ``jacfwd(lambda th: step(..., init(sde, th, x0), ...).x)``
+    is dX/dtheta0. theta and x0 must be float32 or float64; bfloat16/float16 need
+    ``allow_low_precision=True`` (their rounding can swallow the update alpha h G).
     """
     if not isinstance(sde, SDE):
         raise TypeError(f"init(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
-    dtype, device = _checks.check_theta(theta)
+    dtype, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
     x0 = _checks.check_tensor(x0, "x0", dtype, device)
     if x0.ndim == 1:
         n = 1 if particles is None else _checks.check_count(particles, "particles")
@@ -135,7 +139,7 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None)
         raise ValueError(f"x0 must have shape (d,) or (particles, d), got {tuple(x0.shape)}")
     if x.shape[1] == 0:
         raise ValueError("x0 is empty: the state dimension d must be at least 1")
-    theta = tree_map(lambda leaf: leaf.detach().clone(), theta)
+    theta = tree_map(torch.clone, theta)
     evaluate_once(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
     return State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))

@@ -38,8 +38,9 @@ def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any
         raise ValueError(f"dw must have shape (particles, m) = ({state.particles}, m), got {tuple(dw.shape)}")
     if dw.dtype != theta0.dtype or dw.device != theta0.device:
         raise TypeError(f"dw is {dw.dtype} on {dw.device} but the state is {theta0.dtype} on {theta0.device}")
-    if any(leaf.requires_grad for leaf in leaves((state, dw))):
-        raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies")
+    if any(leaf.requires_grad for leaf in leaves((state, dw)) if _checks.is_concrete(leaf)):
+        raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies "
+                         "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)")
     _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
 
 
@@ -61,8 +62,9 @@ def step_with_info(
     check_step_inputs(sde, state, dw, dt, lr)
     resolved = resolve_step_mode(mode, state, dw.shape[1])
     alpha = learning_rate(lr, state.t)
-    if not compile:
-        return advance(sde, state, dw, dt, alpha, resolved)
+    _checks.check_alpha(alpha, state.t, lr)
+    if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, dt, alpha))):
+        return advance(sde, state, dw, dt, alpha, resolved)  # eager; also inside the user's torch.func transform
     alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
     return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved)
 
@@ -78,13 +80,20 @@ def step(
       state: the current ``State``; never modified.
       dw:    Brownian increments W_{n+1} - W_n, shape (N, m), variance dt each.
       dt:    the step h > 0.
-      lr:    the learning rate alpha: a number or a schedule t -> alpha(t).
+      lr:    the learning rate alpha: a number, a 0-d tensor or a schedule t -> alpha(t); alpha(t_n)
+             must be one finite number >= 0 (checked on concrete values, ``_checks.check_alpha``).
       mode:  "reverse" (jacrev), "forward" (jacfwd) or "auto" (the cheaper by shape).
       compile: run the step through ``torch.compile`` (the first call per problem and dt
              compiles, for seconds; later calls reuse the graph). In a loop of your own,
              ``fwdtrain.compile_advance`` or ``run(..., compile=True)`` is the direct route.
 
     Returns the new ``State``; no tensor in it requires grad or has a grad_fn.
+
+    ``step`` is a pure function and composes with ``torch.func`` (grad, jacrev, jacfwd,
+    vjp, jvp, vmap) in all its tensor inputs: theta and x in ``state``, ``dw``, ``dt``,
+    a tensor ``lr`` or the tensors a schedule closes over. Structure checks always run;
+    value checks (finite, >= 0, requires_grad) only on concrete tensors. With ``compile=True``
+    inside a transform the step runs eagerly (torch.compile cannot trace the transform's tensors).
     """
     return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile)[0]
 

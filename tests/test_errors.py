@@ -201,3 +201,45 @@ def test_an_error_type_that_takes_other_arguments_gets_a_note():
     with pytest.raises(_TwoArgumentError) as info:
         ft.init(ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), cost), {"k": torch.ones(1)}, torch.ones(1))
     assert any("the SDE's cost raised" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize("schedule, match", [
+    (lambda t: -0.5 + 0 * t, r"the schedule .*<lambda> returned -0.5 at t = 0.*gradient ascent"),
+    (lambda t: math.nan, r"returned nan at t = 0.*finite"),
+    (lambda t: torch.full((3,), 0.1), r"returned a torch.float32 tensor of shape \(3,\) at t = 0.*one floating number"),
+    (lambda t: "fast", r"returned str .*'fast'.* at t = 0.*a number or a 0-d floating tensor"),
+    (lambda t: torch.tensor(1), r"returned a torch.int64 tensor"),
+])
+def test_learning_rate_from_a_schedule_is_checked_where_evaluated(ex, state, schedule, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, schedule)
+
+
+def test_schedule_error_names_the_time(ex, state):
+    late = state._replace(t=torch.tensor(60.0, dtype=torch.float64))
+    schedule = lambda t: 0.1 - 0.01 * t  # noqa: E731 - negative after t = 10
+    ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, schedule)  # fine at t = 0
+    with pytest.raises(ValueError, match="returned -0.5 at t = 60"):
+        ft.step(ex.sde, late, torch.zeros(2, 1), 0.01, schedule)
+
+
+def test_learning_rate_check_in_calibration_and_sgdct():
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: x.sum() * 0)
+    theta = {"k": torch.tensor([1.0])}
+    with pytest.raises(ValueError, match="returned -1.0 at t = 0"):
+        ft.sgdct.step(sde, ft.sgdct.init(theta), torch.ones(1), torch.zeros(1), 0.01, lambda t: -1.0)
+    problem = ft.calibration.calibration(sde.drift, sde.diffusion, lambda th, x: x, torch.zeros(1))
+    state = ft.calibration.init(problem, theta, torch.zeros(1), particles=2)
+    with pytest.raises(ValueError, match="returned nan"):
+        ft.calibration.step(problem, state, torch.zeros(2, 1), 0.01, lambda t: math.nan)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_needs_an_explicit_opt_in(ex, dtype):
+    theta = {name: leaf.to(dtype) for name, leaf in ex.theta.items()}
+    with pytest.raises(TypeError, match=f"dtype {dtype}.*float32 or float64.*allow_low_precision=True"):
+        ft.init(ex.sde, theta, ex.x0.to(dtype))
+    with pytest.raises(TypeError, match="allow_low_precision=True"):
+        ft.sgdct.init(theta)
+    state = ft.init(ex.sde, theta, ex.x0.to(dtype), particles=2, allow_low_precision=True)
+    assert ft.step(ex.sde, state, torch.zeros(2, 1, dtype=dtype), 0.01, 0.1).x.dtype == dtype

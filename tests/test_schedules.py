@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -38,3 +40,32 @@ def test_bad_schedule_arguments():
         schedules.piecewise_constant([1.0, 2.0, 3.0], [5.0, 1.0])
     with pytest.raises(ValueError, match="offset"):
         schedules.inverse_time(1.0, 0.0)
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: schedules.piecewise_constant([1.0, math.nan], [1.0]), r"piecewise_constant: values\[1\] must be finite"),
+    (lambda: schedules.piecewise_constant([1.0, 2.0], [math.nan]), r"piecewise_constant: boundaries\[0\] must be finite"),
+    (lambda: schedules.piecewise_constant([1.0, -2.0], [1.0]), r"values\[1\] must be >= 0, got -2.0"),
+    (lambda: schedules.inverse_time(math.nan), "inverse_time: scale must be finite"),
+    (lambda: schedules.inverse_time(1.0, math.inf), "inverse_time: offset must be finite"),
+    (lambda: schedules.inverse_time(-1.0), "inverse_time: scale must be >= 0"),
+    (lambda: schedules.inverse_time(torch.tensor(-1.0)), "inverse_time: scale must be >= 0"),
+    (lambda: schedules.inverse_time(torch.ones(2)), "inverse_time: scale must be a number or a 0-d floating tensor"),
+    (lambda: schedules.constant(-0.1), "constant: value must be >= 0"),
+    (lambda: schedules.constant("0.1"), "constant: value must be a number"),
+    (lambda: schedules.staged(math.inf), "staged: scale must be finite"),
+])
+def test_factories_validate_their_arguments(build, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        build()
+
+
+def test_tensor_parameters_stay_tensors_so_gradients_flow():
+    scale = torch.tensor(2.0, dtype=torch.float64)
+    t = torch.tensor(3.0, dtype=torch.float64)
+    assert torch.func.grad(lambda c: schedules.inverse_time(c, 1.0)(t))(scale) == pytest.approx(0.25)
+    assert torch.func.grad(lambda o: schedules.inverse_time(2.0, o)(t))(scale) == pytest.approx(-2.0 / 25)
+    assert torch.func.grad(lambda c: schedules.staged(c)(torch.tensor(60.0)))(scale) == pytest.approx(0.5)
+    assert torch.func.grad(lambda c: schedules.constant(c)(t))(scale) == pytest.approx(1.0)
+    batched = torch.vmap(lambda c: schedules.piecewise_constant([c, c / 2], [1.0])(t))(torch.tensor([1.0, 4.0]))
+    torch.testing.assert_close(batched, torch.tensor([0.5, 2.0], dtype=torch.float64))

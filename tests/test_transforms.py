@@ -1,0 +1,355 @@
+"""The user's own torch.func transforms over fwdtrain's pure functions: correct derivatives, never a silent zero.
+
+Every check compares against something computed without the transform: the sensitivity x_tilde
+(the derivative the algorithm propagates), central differences, or a Python loop.
+"""
+
+import warnings
+
+import pytest
+import torch
+from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
+
+import fwdtrain as ft
+from fwdtrain import _checks, calibration, sgdct
+from fwdtrain.evaluate import average_cost
+from conftest import diagonal_2d, nonlinear_2d
+
+F64 = torch.float64
+DT = 0.01
+X0 = torch.tensor([0.3, -0.2], dtype=F64)
+PROBLEMS = {"full": nonlinear_2d, "diagonal": diagonal_2d}
+
+
+def _noise(sde, theta, steps, particles, seed=0):
+    m = ft.noise_dim(sde, theta, X0.expand(particles, -1))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT ** 0.5
+
+
+def _run(sde, theta, dws, lr, mode="auto"):
+    """init + K steps: a pure function of theta0, the noise and lr."""
+    state = ft.init(sde, theta, X0, particles=dws.shape[1])
+    for dw in dws:
+        state = ft.step(sde, state, dw, DT, lr, mode=mode)
+    return state
+
+
+def _central(f, theta, eps=1e-6):
+    """Central differences of a scalar f with respect to every entry of every leaf of theta."""
+    out = {}
+    for name, leaf in theta.items():
+        flat = torch.zeros(leaf.numel(), dtype=F64)
+        for j in range(leaf.numel()):
+            e = torch.zeros(leaf.numel(), dtype=F64)
+            e[j] = eps
+            plus = {**theta, name: leaf + e.reshape(leaf.shape)}
+            minus = {**theta, name: leaf - e.reshape(leaf.shape)}
+            flat[j] = (f(plus) - f(minus)) / (2 * eps)
+        out[name] = flat.reshape(leaf.shape)
+    return out
+
+
+def _final_cost(sde, dws):
+    """The cost the meta-gradients below differentiate: particle-mean c at the final state."""
+    def cost(state):
+        return vmap(lambda x: sde.cost(state.theta, x))(state.x).mean()
+    return cost
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_jacobian_of_particles_is_x_tilde(problem, mode):
+    sde, theta = PROBLEMS[problem]()
+    dws = _noise(sde, theta, 25, 3)
+    state = _run(sde, theta, dws, 0.0, mode)
+    assert max(float(leaf.abs().max()) for leaf in state.x_tilde.values()) > 0.05  # not a trivial zero
+    for transform in (jacfwd, jacrev):
+        jacobian = transform(lambda th: _run(sde, th, dws, 0.0, mode).x)(theta)
+        for name in theta:
+            torch.testing.assert_close(jacobian[name], state.x_tilde[name], rtol=0, atol=1e-10)
+
+
+def test_jvp_and_vjp_agree_with_jacfwd():
+    sde, theta = nonlinear_2d()
+    dws = _noise(sde, theta, 10, 2)
+    f = lambda th: _run(sde, th, dws, 0.3).x  # noqa: E731 - training steps, lr > 0
+    jacobian = jacfwd(f)(theta)
+    direction = {name: torch.linspace(-1, 1, leaf.numel(), dtype=F64).reshape(leaf.shape) for name, leaf in theta.items()}
+    expected = sum(torch.tensordot(jacobian[name], direction[name], dims=leaf.ndim) for name, leaf in theta.items())
+    _, tangent = jvp(f, (theta,), (direction,))
+    torch.testing.assert_close(tangent, expected, rtol=0, atol=1e-12)
+    cotangent = torch.tensor([[1.0, -2.0], [0.5, 3.0]], dtype=F64)
+    _, pullback = vjp(f, theta)
+    (pulled,) = pullback(cotangent)
+    for name, leaf in theta.items():
+        torch.testing.assert_close(pulled[name], torch.tensordot(cotangent, jacobian[name], dims=2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_grad_wrt_theta0_through_training_equals_central_differences(problem):
+    sde, theta = PROBLEMS[problem]()
+    dws = _noise(sde, theta, 15, 2)
+    cost = _final_cost(sde, dws)
+    f = lambda th: cost(_run(sde, th, dws, 0.5))  # noqa: E731 - a float lr
+    gradient = grad(f)(theta)
+    reference = _central(f, theta)
+    assert any(float(g.abs().max()) > 1e-3 for g in gradient.values())
+    for name in theta:
+        torch.testing.assert_close(gradient[name], reference[name], rtol=1e-6, atol=1e-8)
+
+
+def _lr_cases():
+    """(name, lr0, lr built from a 0-d tensor): the learning rate as a tensor and as schedule parameters."""
+    return {
+        "tensor": (0.4, lambda a: a),
+        "constant": (0.4, lambda a: ft.schedules.constant(a)),
+        "inverse_time scale": (0.4, lambda a: ft.schedules.inverse_time(a, 0.5)),
+        "inverse_time offset": (0.5, lambda a: ft.schedules.inverse_time(0.4, a)),
+        "piecewise value": (0.2, lambda a: ft.schedules.piecewise_constant([0.4, a], [0.1])),
+    }
+
+
+@pytest.mark.parametrize("case", list(_lr_cases()))
+def test_meta_gradient_wrt_learning_rate_equals_central_differences(case):
+    value, make = _lr_cases()[case]
+    sde, theta = nonlinear_2d()
+    dws = _noise(sde, theta, 25, 2)
+    cost = _final_cost(sde, dws)
+    f = lambda a: cost(_run(sde, theta, dws, make(a)))  # noqa: E731
+    a = torch.tensor(value, dtype=F64)
+    eps = 1e-6
+    reference = (f(a + eps) - f(a - eps)) / (2 * eps)
+    gradient = grad(f)(a)
+    assert abs(float(reference)) > 1e-4  # a real dependence, so a zero would fail
+    torch.testing.assert_close(gradient, reference, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_forward_propagation_equals_backpropagation_through_time(mode):
+    """At lr = 0: sum_n h G_n = d/dtheta0 sum_n h mean_i c(X_n^i, theta), an identity of the Euler chain."""
+    sde, theta = nonlinear_2d()
+    dws = _noise(sde, theta, 20, 3)
+
+    def path_cost(th):
+        state, total, forward = ft.init(sde, th, X0, particles=3), 0.0, None
+        for dw in dws:
+            state, info = ft.step_with_info(sde, state, dw, DT, 0.0, mode=mode)
+            total = total + DT * info.cost
+            gradient = {name: DT * g for name, g in info.gradient.items()}
+            forward = gradient if forward is None else {name: forward[name] + gradient[name] for name in gradient}
+        return total, forward
+
+    backward, forward = grad(path_cost, has_aux=True)(theta)
+    for name in theta:
+        torch.testing.assert_close(backward[name], forward[name], rtol=0, atol=1e-12)
+
+
+def test_grad_wrt_x0_and_noise():
+    sde, theta = diagonal_2d()
+    dws = _noise(sde, theta, 10, 2)
+
+    def f(x0, noise):
+        state = ft.init(sde, theta, x0, particles=2)
+        for dw in noise:
+            state = ft.step(sde, state, dw, DT, 0.2)
+        return state.x.square().sum() + sum(leaf.sum() for leaf in state.theta.values())
+
+    g_x0, g_noise = grad(f, argnums=(0, 1))(X0, dws)
+    eps = 1e-6
+    e = torch.tensor([eps, 0.0], dtype=F64)
+    torch.testing.assert_close(g_x0[0], (f(X0 + e, dws) - f(X0 - e, dws)) / (2 * eps), rtol=1e-6, atol=1e-9)
+    bump = torch.zeros_like(dws)
+    bump[3, 1, 0] = eps
+    torch.testing.assert_close(g_noise[3, 1, 0], (f(X0, dws + bump) - f(X0, dws - bump)) / (2 * eps),
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_vmap_over_runs_equals_a_loop():
+    sde, theta = nonlinear_2d()
+    dws = _noise(sde, theta, 8, 2)
+    thetas = {name: torch.stack([leaf, leaf * 1.1, leaf * 0.9]) for name, leaf in theta.items()}
+    lrs = torch.tensor([0.0, 0.3, 1.0], dtype=F64)
+    states = vmap(lambda th: ft.init(sde, th, X0, particles=2))(thetas)
+    for dw in dws:
+        states = vmap(lambda s, lr: ft.step(sde, s, dw, DT, lr))(states, lrs)  # vmap over ft.step, the user's loop
+    for r in range(3):
+        one = _run(sde, {name: leaf[r] for name, leaf in thetas.items()}, dws, float(lrs[r]))
+        torch.testing.assert_close(states.x[r], one.x, rtol=0, atol=1e-13)
+        for name in theta:
+            torch.testing.assert_close(states.theta[name][r], one.theta[name], rtol=0, atol=1e-13)
+            torch.testing.assert_close(states.x_tilde[name][r], one.x_tilde[name], rtol=0, atol=1e-13)
+
+
+def test_vmap_over_schedule_parameters():
+    sde, theta = diagonal_2d()
+    dws = _noise(sde, theta, 6, 2)
+    scales = torch.tensor([0.1, 2.0], dtype=F64)
+    final = vmap(lambda c: _run(sde, theta, dws, ft.schedules.inverse_time(c)).theta)(scales)
+    for r in range(2):
+        one = _run(sde, theta, dws, ft.schedules.inverse_time(float(scales[r]))).theta
+        for name in theta:
+            torch.testing.assert_close(final[name][r], one[name], rtol=0, atol=1e-13)
+
+
+def test_linearise_under_grad():
+    sde, theta = nonlinear_2d()
+    x_tilde = {name: torch.full((2, *leaf.shape), 0.1, dtype=F64) for name, leaf in theta.items()}
+    f = lambda th: ft.linearise(sde.coefficients, th, X0, x_tilde).total.cost["w"]  # noqa: E731
+    reference = _central(f, theta)
+    for name, g in grad(f)(theta).items():
+        torch.testing.assert_close(g, reference[name], rtol=1e-6, atol=1e-8)
+
+
+def _calibration_problem():
+    problem = calibration.calibration(
+        lambda th, x: -th["k"] * x, lambda th, x: th["s"] * torch.ones_like(x),
+        lambda th, x: torch.stack([x[0], x[0] ** 2]), torch.tensor([0.1, 0.5], dtype=F64))
+    return problem, {"k": torch.tensor([1.0], dtype=F64), "s": torch.tensor([0.8], dtype=F64)}
+
+
+def test_calibration_step_under_grad_and_vmap():
+    problem, theta = _calibration_problem()
+    generator = torch.Generator().manual_seed(1)
+    dws = torch.randn((6, 4, 1), generator=generator, dtype=F64) * DT ** 0.5
+    x0 = torch.tensor([0.5], dtype=F64)
+
+    def f(th, lr=2.0):
+        state = calibration.init(problem, th, x0, particles=4)
+        for dw in dws:
+            state = calibration.step(problem, state, dw, DT, lr)
+        return state.theta["k"].sum() + state.x.sum()
+
+    gradient = grad(f)(theta)
+    reference = _central(f, theta)
+    for name in theta:
+        torch.testing.assert_close(gradient[name], reference[name], rtol=1e-6, atol=1e-9)
+    lrs = torch.tensor([0.0, 2.0, 5.0], dtype=F64)
+    torch.testing.assert_close(vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]),
+                               rtol=0, atol=1e-13)
+
+
+def test_sgdct_step_under_grad_and_vmap():
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x) * 0.5, lambda th, x: x.sum() * 0)
+    theta = {"k": torch.tensor([0.7], dtype=F64)}
+    generator = torch.Generator().manual_seed(2)
+    path = torch.randn((8, 1), generator=generator, dtype=F64) * 0.1
+
+    def f(th, lr=0.5):
+        state, x = sgdct.init(th), torch.tensor([1.0], dtype=F64)
+        for dx in path:
+            state = sgdct.step(sde, state, x, dx, DT, lr)
+            x = x + dx
+        return state.theta["k"].sum()
+
+    gradient = grad(f)(theta)["k"]
+    torch.testing.assert_close(gradient, _central(f, theta)["k"], rtol=1e-6, atol=1e-9)
+    lrs = torch.tensor([0.0, 0.5, 2.0], dtype=F64)
+    torch.testing.assert_close(vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]),
+                               rtol=0, atol=1e-13)
+
+
+def test_compiled_kernel_runs_eagerly_under_transforms():
+    """Dynamo cannot trace a transform's tensors from outside: the compiled function runs its eager twin,
+    with the same derivatives and no fallback warning (compilation stays on for plain calls)."""
+    sde, theta = diagonal_2d()
+    dws = _noise(sde, theta, 3, 2)
+    one_step = ft.compile_advance(sde, DT, "forward", backend="eager")
+
+    def f(th, advance):
+        state = ft.init(sde, th, X0, particles=2)
+        for dw in dws:
+            state = advance(state, dw)
+        return state.x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled = jacfwd(lambda th: f(th, lambda s, dw: one_step(s, dw, 0.1)[0]))(theta)
+        stepped = jacfwd(lambda th: f(th, lambda s, dw: ft.step(sde, s, dw, DT, 0.1, mode="forward", compile=True)))(theta)
+        batched = vmap(lambda lr: one_step(ft.init(sde, theta, X0, particles=2), dws[0], lr)[0].x)(
+            torch.tensor([0.0, 0.1], dtype=F64))
+    eager = jacfwd(lambda th: f(th, lambda s, dw: ft.step(sde, s, dw, DT, 0.1, mode="forward")))(theta)
+    for name in theta:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=0, atol=1e-14)
+        torch.testing.assert_close(stepped[name], eager[name], rtol=0, atol=1e-14)
+    assert batched.shape == (2, 2, 2)
+
+
+def test_average_cost_is_differentiable_and_stationary_cost_refuses_transforms():
+    sde, theta = diagonal_2d()
+    dws = _noise(sde, theta, 30, 4)
+    f = lambda th: average_cost(sde, th, X0, dws, DT, burn_in=5).mean()  # noqa: E731
+    reference = _central(f, theta)
+    for name, g in grad(f)(theta).items():
+        torch.testing.assert_close(g, reference[name], rtol=1e-6, atol=1e-9)
+    for transform, name in ((grad, "grad"), (vmap, "vmap")):
+        with pytest.raises(TypeError, match=f"stationary_cost cannot run inside torch.func.{name}.*average_cost"):
+            arg = theta if transform is grad else {k: v.expand(2, -1) for k, v in theta.items()}
+            transform(lambda th: torch.as_tensor(ft.stationary_cost(sde, th, X0, steps=3, burn_in=0).mean))(arg)
+
+
+def test_is_concrete_and_value_checks_skipped_under_transforms():
+    x = torch.ones(2)
+    seen = []
+    vmap(lambda v: seen.append(_checks.is_concrete(v)) or v)(torch.ones(3, 2))
+    grad(lambda v: seen.append(_checks.is_concrete(v)) or v.sum())(x)
+    assert seen == [False, False] and _checks.is_concrete(x) and _checks.is_concrete(1.0)
+    sde, theta = diagonal_2d()
+    # value checks read numbers, which vmap cannot: skipped (these used to crash with a data-dependent error)
+    stacked = {name: torch.stack([leaf, leaf]) for name, leaf in theta.items()}
+    states = vmap(lambda th: ft.init(sde, th, X0, particles=2))(stacked)
+    assert states.x.shape == (2, 2, 2)
+    # the structural checks still run under the transform
+    with pytest.raises(TypeError, match="dtype torch.float32"):
+        vmap(lambda th: ft.init(sde, th, X0.float(), particles=2))(stacked)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        vmap(lambda a: ft.step(sde, states, torch.zeros(2, 2, dtype=F64), DT, a))(torch.zeros(2, 3, dtype=F64))
+    with pytest.raises(ValueError, match="returned a torch.float64 tensor of shape \\(3,\\)"):
+        vmap(lambda a: ft.step(sde, ft.init(sde, theta, X0), torch.zeros(1, 2, dtype=F64), DT,
+                               lambda t: a * torch.ones(3, dtype=F64)))(torch.zeros(2, dtype=F64))
+
+
+def test_plain_calls_stay_graph_free():
+    sde, theta = nonlinear_2d()
+    dws = _noise(sde, theta, 2, 2)
+    state = _run(sde, theta, dws, ft.schedules.inverse_time(torch.tensor(0.5, dtype=F64)))
+    assert all(leaf.grad_fn is None and not leaf.requires_grad for leaf in torch.utils._pytree.tree_leaves(state))
+
+
+def test_readme_transform_examples():
+    """The three examples of the README's "Transforms" section, run as written (fewer steps) and checked."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = re.search(r"## Transforms: grad, vmap, meta-gradients\n(.*?)\n## ", text, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    namespace: dict = {}
+    setup = blocks[0].replace("0.01, 32, 300", "0.01, 8, 40")
+    assert setup != blocks[0]
+    for block in [setup, *blocks[1:]]:
+        exec(compile(block, "README.md", "exec"), namespace)
+    ns = namespace
+    sde, theta0, x0, dws, dt = ns["sde"], ns["theta0"], ns["x0"], ns["dws"], ns["dt"]
+    # the sweep equals one training per learning rate
+    for r, lr in enumerate(ns["lrs"]):
+        alone = _run_from(sde, theta0, x0, dws, dt, float(lr))
+        torch.testing.assert_close(ns["states"].theta["k"][r], alone.theta["k"], rtol=0, atol=1e-13)
+    assert len(set(ns["states"].theta["k"].squeeze(1).tolist())) == 4
+    # the meta-gradient equals a central difference
+    eps = 1e-6
+    scale = ns["scale"]
+    reference = (ns["final_cost"](scale + eps) - ns["final_cost"](scale - eps)) / (2 * eps)
+    assert abs(float(reference)) > 1e-4
+    torch.testing.assert_close(ns["meta"], reference, rtol=1e-6, atol=1e-10)
+    # forward propagation equals backpropagation through time
+    assert float(ns["forward"].abs().max()) > 1e-3
+    torch.testing.assert_close(ns["backward"]["k"], ns["forward"], rtol=0, atol=1e-13)
+
+
+def _run_from(sde, theta, x0, dws, dt, lr):
+    state = ft.init(sde, theta, x0, particles=dws.shape[1])
+    for dw in dws:
+        state = ft.step(sde, state, dw, dt, lr)
+    return state
