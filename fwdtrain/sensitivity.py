@@ -184,7 +184,13 @@ def linearise_particles(
     mode: Literal["reverse", "forward"] = "reverse",
 ) -> Linearisation:
     """``linearise`` for N particles, ``x`` (N, d), shared ``theta``: one ``vmap``."""
-    return vmap(lambda xi, xti: linearise(problem, theta, xi, xti, mode))(x, x_tilde)
+
+    def one_particle(xi: torch.Tensor, xti: Any) -> tuple[Coefficients, Coefficients]:
+        value, total = linearise(problem, theta, xi, xti, mode)
+        return value, total if total.sigma is not None else total._replace(sigma=())  # vmap returns no None
+
+    value, total = vmap(one_particle)(x, x_tilde)
+    return Linearisation(value, total if total.sigma != () else total._replace(sigma=None))
 
 
 def resolve_mode(mode: Mode, outputs: int, parameters: int) -> Literal["reverse", "forward"]:
