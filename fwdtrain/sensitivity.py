@@ -8,7 +8,7 @@ Two routes, each in two modes (``torch.func``):
 
 Generic (an ``SDE``, or any coefficients function): mu, sigma and c differentiated together.
 
-- reverse (``jacrev``, one backward pass per output number): the partial
+- reverse (``reverse_jacobian``: one vjp, one pullback per output number): the partial
   Jacobians h_x and h_theta of (mu, sigma, c) in one pass over both arguments,
   then D h = h_x Xtilde + h_theta by one contraction. Differentiating the
   composed function instead is the same maths, but under ``vmap`` its backward
@@ -25,7 +25,7 @@ control output k; forward: one per parameter p), and then by the chain rule
     D b = b_x Xtilde + b_u D u,   D s = s_x Xtilde + s_u D u,   D r = r_x Xtilde + r_u D u
 
 with b_x, b_u, ... the Jacobians of the user's (x, u) functions: theta-free, small and
-cheap (one ``jacrev`` over (x, u)). Only the control's passes touch the network.
+cheap (one ``reverse_jacobian`` over (x, u)). Only the control's passes touch the network.
 
 Known zeros are skipped: with ``noise_type="additive"`` sigma is evaluated but never
 differentiated, and ``total.sigma`` is None (the Euler update then drops its term).
@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, NamedTuple, Union
 
 import torch
-from torch.func import jacfwd, jacrev, vjp, vmap
+from torch.func import jacfwd, vjp, vmap
 
 from ._tree import contract, size, tree_map
 from .problem import SDE, Coefficients, ControlledSDE, Theta
@@ -65,6 +65,38 @@ class Linearisation(NamedTuple):
 
     value: Coefficients
     total: Coefficients
+
+
+UNROLLED_ROWS = 4  # up to this many output numbers, pull back row by row instead of under vmap
+
+
+def reverse_jacobian(fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
+                     ) -> tuple[tuple[tuple[Any, ...], ...], Any]:
+    """``jacrev(fn, argnums=all, has_aux=True)(*args)`` for fn -> (outputs tuple, aux): (J, aux) with
+    J[i][j] the Jacobian of output i w.r.t. argument j (a pytree: leaf s -> (*out_i.shape, *s)).
+
+    One ``vjp``; its pullback once per output number: a Python loop for up to
+    ``UNROLLED_ROWS`` numbers (in eager mode a vmap over the basis costs more than
+    a few pullbacks), a ``vmap`` over the basis beyond. Shapes only decide, so it stays
+    transformable.
+    """
+    def flat(*args_: Any) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]]:
+        outputs, aux = fn(*args_)
+        return torch.cat([out.reshape(-1) for out in outputs]), (outputs, aux)
+
+    y, pullback, (outputs, aux) = vjp(flat, *args, has_aux=True)
+    basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)
+    if y.numel() <= UNROLLED_ROWS:
+        rows = tree_map(lambda *row: torch.stack(row), *[pullback(e) for e in basis])
+    else:
+        rows = vmap(pullback)(basis)
+    sizes = [out.numel() for out in outputs]
+    jacobians = tuple(
+        tuple(tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), per_arg)
+              for per_arg in rows)
+        for i, out in enumerate(outputs)
+    )
+    return jacobians, aux
 
 
 def linearise(
@@ -105,13 +137,13 @@ def _as_total(derivatives: tuple[Any, ...], additive: bool) -> Coefficients:
 
 def _linearise_reverse(coefficients: CoefficientsFn, theta: Theta, x: torch.Tensor, x_tilde: Any,
                        additive: bool = False) -> Linearisation:
-    """D h = h_x Xtilde + h_theta from the partial Jacobians of one ``jacrev`` over (theta, x)."""
+    """D h = h_x Xtilde + h_theta from the partial Jacobians over (theta, x) (``reverse_jacobian``)."""
 
     def evaluate(theta_: Theta, x_: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Coefficients]:
         out = Coefficients(*coefficients(theta_, x_))
         return _differentiated(out, additive), out
 
-    jacobians, value = jacrev(evaluate, argnums=(0, 1), has_aux=True)(theta, x)
+    jacobians, value = reverse_jacobian(evaluate, theta, x)
     total = tuple(
         tree_map(lambda h_theta, xt: h_theta + torch.tensordot(h_x, xt, dims=1), h_theta_tree, x_tilde)
         for h_theta_tree, h_x in jacobians
@@ -137,15 +169,15 @@ def control_sensitivity(control: Callable[[Theta, torch.Tensor], torch.Tensor], 
                         ) -> tuple[torch.Tensor, Any]:
     """(u, D u) with D u = u_x Xtilde + u_theta, one particle; a leaf of shape s gives D u (*u.shape, *s).
 
-    reverse: one ``jacrev`` over (theta, x), one pass per control output;
+    reverse: ``reverse_jacobian`` over (theta, x), one pullback per control output;
     forward: ``jacfwd`` of theta' -> u(theta', x + Xtilde (theta' - theta)), one pass per parameter.
     """
     if mode == "reverse":
-        u, pullback = vjp(control, theta, x)
-        basis = torch.eye(u.numel(), dtype=u.dtype, device=u.device).reshape(u.numel(), *u.shape)
-        # one output (the usual scalar control): one pullback, no vmap over the basis
-        rows = tree_map(lambda g: g.unsqueeze(0), pullback(basis[0])) if u.numel() == 1 else vmap(pullback)(basis)
-        u_theta, u_x = tree_map(lambda g: g.reshape(*u.shape, *g.shape[1:]), rows)
+        def evaluate(theta_: Theta, x_: torch.Tensor) -> tuple[tuple[torch.Tensor], torch.Tensor]:
+            u = control(theta_, x_)
+            return (u,), u
+
+        ((u_theta, u_x),), u = reverse_jacobian(evaluate, theta, x)
         return u, tree_map(lambda ut, xt: ut + torch.tensordot(u_x, xt, dims=1), u_theta, x_tilde)
 
     def along_sensitivity(theta_prime: Theta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +199,7 @@ def _linearise_controlled(sde: ControlledSDE, theta: Theta, x: torch.Tensor, x_t
         out = Coefficients(sde.controlled_drift(x_, u_), sde.controlled_diffusion(x_, u_), sde.controlled_cost(x_, u_))
         return _differentiated(out, additive), out
 
-    jacobians, value = jacrev(evaluate, argnums=(0, 1), has_aux=True)(x, u)
+    jacobians, value = reverse_jacobian(evaluate, x, u)
     total = tuple(
         tree_map(lambda xt, du: torch.tensordot(h_x, xt, dims=1) + torch.tensordot(h_u, du, dims=u.ndim),
                  x_tilde, d_u)
@@ -183,18 +215,19 @@ def linearise_particles(
     x_tilde: Any,
     mode: Literal["reverse", "forward"] = "reverse",
 ) -> Linearisation:
-    """``linearise`` for N particles, ``x`` (N, d), shared ``theta``: one ``vmap``."""
-
+    """``linearise`` for N particles, ``x`` (N, d), shared ``theta``: one ``vmap`` (none for N = 1)."""
     if x.shape[0] == 1:  # one particle: no vmap (its overhead is a third of an eager step at N = 1)
         value, total = linearise(problem, theta, x[0], tree_map(lambda leaf: leaf[0], x_tilde), mode)
         return Linearisation(tree_map(lambda t: t.unsqueeze(0), value), tree_map(lambda t: t.unsqueeze(0), total))
 
+    additive = isinstance(problem, SDE) and problem.noise_type == "additive"
+
     def one_particle(xi: torch.Tensor, xti: Any) -> tuple[Coefficients, Coefficients]:
         value, total = linearise(problem, theta, xi, xti, mode)
-        return value, total if total.sigma is not None else total._replace(sigma=())  # vmap returns no None
+        return value, total._replace(sigma=()) if additive else total  # vmap returns no None
 
     value, total = vmap(one_particle)(x, x_tilde)
-    return Linearisation(value, total if total.sigma != () else total._replace(sigma=None))
+    return Linearisation(value, total._replace(sigma=None) if additive else total)
 
 
 def resolve_mode(mode: Mode, outputs: int, parameters: int) -> Literal["reverse", "forward"]:
