@@ -177,16 +177,17 @@ def test_auto_picks_the_documented_route():
     assert resolve_step_mode("reverse", ft.init(gen(None), theta3, x0), 2, gen(None)) == "reverse"
 
 
+@pytest.mark.parametrize("particles", [1, 2])
 @pytest.mark.parametrize("noise", ["general", "additive"])
-def test_structured_route_composes_with_the_users_jacfwd(noise):
+def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
     """jacfwd of X_K (theta frozen) w.r.t. theta equals Xtilde_K: nested torch.func levels pass through."""
     sde, theta = controlled(noise), _theta()
     m = 3
-    noise_draws = torch.randn(5, 2, m, dtype=F64, generator=torch.Generator().manual_seed(7)) * 0.1
-    x0 = torch.tensor([[0.5, -0.3], [0.2, 0.1]], dtype=F64)
+    noise_draws = torch.randn(5, particles, m, dtype=F64, generator=torch.Generator().manual_seed(7)) * 0.1
+    x0 = torch.tensor([[0.5, -0.3], [0.2, 0.1]], dtype=F64)[:particles]
 
     def run(theta_):
-        state = ft.State(x0, tree_map(lambda leaf: torch.zeros(2, 2, *leaf.shape, dtype=F64), theta_), theta_,
+        state = ft.State(x0, tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_), theta_,
                          torch.zeros((), dtype=F64))
         for dw in noise_draws:
             value, total = linearise_particles(sde, theta_, state.x, state.x_tilde, "reverse")
@@ -198,3 +199,26 @@ def test_structured_route_composes_with_the_users_jacfwd(noise):
     _, x_tilde = run(theta)
     for name in theta:
         torch.testing.assert_close(jacobian[name], x_tilde[name], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("outputs", ["few", "many"])
+def test_reverse_jacobian_equals_jacrev(outputs):
+    """Both branches (pullbacks unrolled for <= UNROLLED_ROWS numbers, vmapped beyond) equal torch.func.jacrev."""
+    from torch.func import jacrev
+
+    from fwdtrain.sensitivity import UNROLLED_ROWS, reverse_jacobian
+
+    theta, x = _theta(), torch.tensor([0.3, -0.7], dtype=F64)
+
+    def fn(th, x_):
+        u = _control(th, x_)
+        outs = (u.sum(), _drift(x_, u)) if outputs == "few" else (_full_diffusion(x_, u), _cost(x_, u))
+        return outs, u
+
+    jacobians, aux = reverse_jacobian(fn, theta, x)
+    expected, _ = jacrev(fn, argnums=(0, 1), has_aux=True)(theta, x)
+    assert (sum(o.numel() for o in fn(theta, x)[0]) <= UNROLLED_ROWS) == (outputs == "few")
+    torch.testing.assert_close(aux, _control(theta, x))
+    for got, want in zip(leaves(jacobians), leaves(expected), strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
