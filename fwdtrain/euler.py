@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Union
 import torch
 
 from ._tree import leaves, tree_map
-from .problem import SDE, Coefficients
+from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Mode, linearise_particles, resolve_mode
 from .state import State
 
@@ -41,17 +41,31 @@ def noise_term(sigma: torch.Tensor, dw: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ndm,nm->nd", sigma, dw)
 
 
-def noise_sensitivity_term(d_sigma: torch.Tensor, dw: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """sum_k D sigma_k dW^k for one parameter leaf: (N, d, [m,] *s) -> (N, d, *s)."""
+def noise_sensitivity_term(d_sigma: torch.Tensor | None, dw: torch.Tensor, diagonal: bool) -> torch.Tensor | float:
+    """sum_k D sigma_k dW^k for one parameter leaf: (N, d, [m,] *s) -> (N, d, *s); 0 for D sigma None (additive)."""
+    if d_sigma is None:
+        return 0.0
     if diagonal:
         return d_sigma * dw.reshape(dw.shape + (1,) * (d_sigma.ndim - 2))
     return torch.einsum("ndm...,nm->nd...", d_sigma, dw)
 
 
-def resolve_step_mode(mode: Mode, state: State, noise_dim: int) -> str:
-    """The derivative mode for a state: ``mode`` itself, or for "auto" the cheaper one, counting outputs as d + d m + 1 (a full diffusion) before evaluating anything."""
+def resolve_step_mode(mode: Mode, state: State, noise_dim: int, sde: SDE | None = None) -> str:
+    """The derivative mode for a state: ``mode`` itself, or for "auto" the one with fewer passes
+    through the theta-dependent function (``fwdtrain.sensitivity``), forward costing p passes:
+
+    - a ``ControlledSDE`` (structure-aware route): reverse k passes, k the control's outputs
+      (the control is evaluated once at the first particle to count them);
+    - any other SDE (or ``sde`` None): reverse d + d m + 1 passes (a full diffusion), or
+      d + 1 when the noise is declared additive.
+    """
     parameters = sum(leaf.numel() for leaf in leaves(state.theta))
-    return resolve_mode(mode, state.dim * (1 + noise_dim) + 1, parameters)
+    if mode != "auto" or sde is None:
+        return resolve_mode(mode, state.dim * (1 + noise_dim) + 1, parameters)
+    if isinstance(sde, ControlledSDE):
+        return resolve_mode(mode, sde.control(state.theta, state.x[0]).numel(), parameters)
+    sigma_outputs = 0 if sde.noise_type == "additive" else state.dim * noise_dim
+    return resolve_mode(mode, state.dim + sigma_outputs + 1, parameters)
 
 
 GradientReduce = Callable[[Any], Any]
@@ -62,9 +76,14 @@ def euler_update(state: State, value: Coefficients, total: Coefficients, dw: tor
     """The Euler-Maruyama update of the state and its sensitivity, coefficients at time n:
 
         X_{n+1} = X_n + mu h + sigma dW_n,   Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
+
+    ``total.sigma`` None (additive noise, D sigma = 0) drops the last sum.
     """
     diagonal = value.sigma.ndim == 2
     x = state.x + value.mu * dt + noise_term(value.sigma, dw)
+    if total.sigma is None:
+        x_tilde = tree_map(lambda xt, d_mu: xt + d_mu * dt, state.x_tilde, total.mu)
+        return x, x_tilde
     x_tilde = tree_map(
         lambda xt, d_mu, d_sigma: xt + d_mu * dt + noise_sensitivity_term(d_sigma, dw, diagonal),
         state.x_tilde, total.mu, total.sigma,
@@ -91,7 +110,7 @@ def advance(
     No ``no_grad``: the step is differentiable by the user's ``torch.func`` transforms
     (on plain tensors nothing records a graph anyway).
     """
-    value, total = linearise_particles(sde.coefficients, state.theta, state.x, state.x_tilde, mode)
+    value, total = linearise_particles(sde, state.theta, state.x, state.x_tilde, mode)
     diagonal = value.sigma.ndim == 2
     expected_m = state.dim if diagonal else value.sigma.shape[-1]
     if dw.shape[1] != expected_m:

@@ -4,20 +4,41 @@
 
 with X in R^d, W an m-dimensional Brownian motion and theta a pytree.
 ``sigma`` is a (d, m) matrix, or a (d,) vector for diagonal noise (m = d).
+
+The noise type (torchsde's vocabulary) may be declared with ``noise_type=``:
+
+- "additive": sigma depends on neither x nor theta, so D sigma = 0 and the step
+  neither differentiates sigma nor forms sum_k D sigma_k dW^k; (d,) or (d, m).
+- "diagonal": sigma is a (d,) vector, the diagonal of a d x d matrix (m = d).
+- "general":  sigma is a (d, m) matrix.
+
+None (the default) infers "diagonal" or "general" from sigma's shape.
+``check_noise_type`` verifies a declaration at a point; ``fwdtrain.init`` calls it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple, Optional
 
 import torch
+from torch.func import jacrev
+
+from ._tree import leaves_with_paths
 
 Theta = Any  # a pytree (dict, list, tuple, NamedTuple) of tensors
 Drift = Callable[[Theta, torch.Tensor], torch.Tensor]
 Diffusion = Callable[[Theta, torch.Tensor], torch.Tensor]
 Cost = Callable[[Theta, torch.Tensor], torch.Tensor]
 Control = Callable[[Theta, torch.Tensor], torch.Tensor]
+NoiseType = Literal["additive", "diagonal", "general"]
+NOISE_TYPES = ("additive", "diagonal", "general")
+
+
+def _check_declared(noise_type: Any, owner: str) -> None:
+    if noise_type is not None and noise_type not in NOISE_TYPES:
+        raise ValueError(f"{owner}(noise_type=...) must be one of {NOISE_TYPES} or None (inferred from "
+                         f"the diffusion's shape), got {noise_type!r}")
 
 
 class Coefficients(NamedTuple):
@@ -35,17 +56,20 @@ class SDE:
     drift(theta, x) -> (d,); diffusion(theta, x) -> (d, m) or (d,) (diagonal
     noise); cost(theta, x) -> scalar. They must be pure and built from torch
     operations so that ``torch.func`` can differentiate and ``vmap`` them.
+    ``noise_type`` (keyword): "additive", "diagonal", "general" or None (inferred).
     """
 
     drift: Drift
     diffusion: Diffusion
     cost: Cost
+    noise_type: Optional[NoiseType] = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("drift", "diffusion", "cost"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"SDE({name}=...) must be a function (theta, x) -> tensor, "
                                 f"got {type(getattr(self, name)).__name__}")
+        _check_declared(self.noise_type, type(self).__name__)
 
     def coefficients(self, theta: Theta, x: torch.Tensor) -> Coefficients:
         """(mu, sigma, c) at (x, theta), one particle."""
@@ -60,7 +84,9 @@ class ControlledSDE(SDE):
     (x, u) functions b, s, r. It *is* an SDE: its ``drift``, ``diffusion`` and
     ``cost`` are the composed (theta, x) functions; the originals are kept as
     ``controlled_drift``, ``controlled_diffusion`` and ``controlled_cost``.
-    ``coefficients`` evaluates the control once per point.
+    ``coefficients`` evaluates the control once per point. The step differentiates
+    the control once and b, s, r in (x, u) (``fwdtrain.sensitivity``).
+    ``noise_type`` (keyword) as for ``SDE``; "additive" means s depends on neither x nor u.
     """
 
     control: Control = field(default=None)  # type: ignore[assignment]
@@ -74,7 +100,10 @@ class ControlledSDE(SDE):
         drift: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         diffusion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         cost: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        noise_type: Optional[NoiseType] = None,
     ) -> None:
+        _check_declared(noise_type, "ControlledSDE")
         for name, fn in (("control", control), ("drift", drift), ("diffusion", diffusion), ("cost", cost)):
             if not callable(fn):
                 raise TypeError(f"ControlledSDE({name}=...) must be a function, got {type(fn).__name__}")
@@ -83,6 +112,7 @@ class ControlledSDE(SDE):
         set_field(self, "controlled_drift", drift)
         set_field(self, "controlled_diffusion", diffusion)
         set_field(self, "controlled_cost", cost)
+        set_field(self, "noise_type", noise_type)
         set_field(self, "drift", lambda theta, x: drift(x, control(theta, x)))
         set_field(self, "diffusion", lambda theta, x: diffusion(x, control(theta, x)))
         set_field(self, "cost", lambda theta, x: cost(x, control(theta, x)))
@@ -92,3 +122,38 @@ class ControlledSDE(SDE):
         return Coefficients(
             self.controlled_drift(x, u), self.controlled_diffusion(x, u), self.controlled_cost(x, u)
         )
+
+
+def inferred_noise_type(sigma: torch.Tensor) -> NoiseType:
+    """"diagonal" for a (d,) sigma of one particle, "general" for a (d, m) one."""
+    return "diagonal" if sigma.ndim == 1 else "general"
+
+
+def check_noise_type(sde: SDE, theta: Theta, x0: torch.Tensor) -> NoiseType:
+    """The noise type of ``sde`` at one point x0 (d,): the declared one, checked, or the inferred one.
+
+    "diagonal" needs a (d,) sigma and "general" a (d, m) one. "additive" needs
+    sigma_x = 0 and sigma_theta = 0 at (x0, theta) (one ``jacrev``); a zero Jacobian
+    at one point cannot prove sigma constant everywhere, so declare it only for a
+    sigma that is constant by construction. Raises ValueError on a wrong declaration.
+    """
+    sigma = sde.diffusion(theta, x0)
+    declared = sde.noise_type
+    if declared is None:
+        return inferred_noise_type(sigma)
+    shape = tuple(sigma.shape)
+    if declared == "diagonal" and sigma.ndim != 1:
+        raise ValueError(f"noise_type='diagonal' but the diffusion returned shape {shape}; a diagonal "
+                         f"diffusion returns the ({x0.shape[-1]},) diagonal, or declare noise_type='general'")
+    if declared == "general" and sigma.ndim != 2:
+        raise ValueError(f"noise_type='general' but the diffusion returned shape {shape}; a general "
+                         f"diffusion returns a (d, m) matrix, or declare noise_type='diagonal'")
+    if declared == "additive":
+        d_theta, d_x = jacrev(sde.diffusion, argnums=(0, 1))(theta, x0)
+        for name, jacobian in (("x", d_x), *((f"theta{path}", leaf) for path, leaf in leaves_with_paths(d_theta))):
+            if bool((jacobian != 0).any()):
+                raise ValueError(f"noise_type='additive' but the diffusion depends on {name}: its derivative "
+                                 f"at x0 is not zero (max |.| = {float(jacobian.abs().max()):.3g}); declare "
+                                 f"noise_type=None (inferred) or make sigma a constant")
+    return declared
+

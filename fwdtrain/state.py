@@ -8,7 +8,7 @@ import torch
 
 from . import _checks
 from ._tree import tree_map
-from .problem import SDE, Coefficients, ControlledSDE, Theta
+from .problem import SDE, Coefficients, ControlledSDE, Theta, check_noise_type
 
 
 class State(NamedTuple):
@@ -141,5 +141,6 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
         raise ValueError("x0 is empty: the state dimension d must be at least 1")
     theta = tree_map(torch.clone, theta)
     evaluate_once(sde, theta, x[0])
+    check_noise_type(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
     return State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))

@@ -60,7 +60,7 @@ def step_with_info(
 ) -> tuple[State, StepInfo]:
     """``step`` that also returns the particle-mean cost and gradient estimate at time n."""
     check_step_inputs(sde, state, dw, dt, lr)
-    resolved = resolve_step_mode(mode, state, dw.shape[1])
+    resolved = resolve_step_mode(mode, state, dw.shape[1], sde)
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
     if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, dt, alpha))):

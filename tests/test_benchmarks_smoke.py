@@ -79,3 +79,12 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
         np.testing.assert_allclose(np.asarray(jax_state.x_tilde[key]), leaf.numpy(), rtol=1e-4, atol=1e-5)
     for key, leaf in state.theta.items():
         np.testing.assert_allclose(np.asarray(jax_state.theta[key]), leaf.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_bench_eager_quick(tmp_path):
+    rows = run_module("bench_eager", tmp_path, "--quick")["rows"]
+    variants = {(row["particles"], row["variant"]) for row in rows}
+    for particles in (1, 100):
+        for variant in ("seed loop", "generic SDE, inferred noise", "ControlledSDE, additive", "check_step_inputs only"):
+            assert (particles, variant) in variants
+    assert all(row["steps_per_s"] > 0 for row in rows)

@@ -52,6 +52,7 @@ def lqr_1d(
         drift=lambda x, u: -x + u,
         diffusion=lambda x, u: torch.ones_like(x),
         cost=lambda x, u: (x.square() + u.square()).sum(),
+        noise_type="additive",
     )
     return Example(
         name="lqr-1d",

@@ -123,6 +123,7 @@ def lqr_sde(problem: LQR, control, dtype: torch.dtype = torch.float32) -> Contro
         drift=lambda x, u: A @ x + B @ u,
         diffusion=lambda x, u: Sigma,
         cost=lambda x, u: x @ Q @ x + u @ R @ u,
+        noise_type="additive",
     )
 
 

@@ -39,6 +39,7 @@ def ou_model(scale: float) -> SDE:
         drift=lambda th, x: th["kappa"] * (th["mean"] - x),
         diffusion=lambda th, x: scale * torch.ones_like(x),
         cost=lambda th, x: x.sum() * 0,
+        noise_type="additive",
     )
 
 

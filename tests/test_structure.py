@@ -1,0 +1,224 @@
+"""The structure-aware route for ControlledSDE and declared noise types (fwdtrain.sensitivity, fwdtrain.problem)."""
+
+import pytest
+import torch
+from torch.func import jacfwd
+
+import fwdtrain as ft
+from fwdtrain._tree import leaves, tree_map
+from fwdtrain.euler import euler_update, resolve_step_mode
+from fwdtrain.problem import check_noise_type
+from fwdtrain.sensitivity import control_sensitivity, linearise_particles
+from test_sensitivity import _check_against_finite_differences
+
+F64 = torch.float64
+
+
+def _theta(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w1": 0.5 * torch.randn(4, 2, generator=g, dtype=F64), "b1": 0.1 * torch.randn(4, generator=g, dtype=F64),
+            "w2": 0.5 * torch.randn(2, 4, generator=g, dtype=F64)}
+
+
+def _control(th, x):
+    """Two control outputs from a 2 -> 4 -> 2 tanh network."""
+    return th["w2"] @ torch.tanh(th["w1"] @ x + th["b1"])
+
+
+def _drift(x, u):
+    return torch.stack([-x[0] + u[0] * torch.cos(x[1]), -0.5 * x[1] + u[1] + 0.2 * u[0] * u[1]])
+
+
+def _full_diffusion(x, u):  # (2, 3), depends on x and u
+    return torch.stack([torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[1])]),
+                        torch.stack([0.02 * x[0] * u[1], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]])])
+
+
+def _diagonal_diffusion(x, u):  # (2,), depends on x and u
+    return torch.stack([0.3 + 0.1 * torch.tanh(u[0] + x[1]), 0.4 + 0.05 * u[1] * x[0]])
+
+
+def _cost(x, u):
+    return (x ** 2).sum() + (u ** 2).sum() + 0.3 * x[0] * u[1]
+
+
+def controlled(noise: str) -> ft.ControlledSDE:
+    """A 2-D ControlledSDE with a two-output control; diffusion "general", "diagonal" or "additive"."""
+    if noise == "additive":
+        sigma = torch.tensor([[0.3, 0.1, 0.0], [0.0, 0.4, 0.2]], dtype=F64)
+        return ft.ControlledSDE(_control, _drift, lambda x, u: sigma, _cost, noise_type="additive")
+    diffusion = _full_diffusion if noise == "general" else _diagonal_diffusion
+    return ft.ControlledSDE(_control, _drift, diffusion, _cost)
+
+
+def _random_sensitivity(theta, particles, d=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return tree_map(lambda leaf: torch.randn(particles, d, *leaf.shape, generator=g, dtype=F64), theta)
+
+
+@pytest.mark.parametrize("noise", ["general", "diagonal"])
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_structured_route_equals_generic_route(noise, mode):
+    sde, theta = controlled(noise), _theta()
+    x = torch.tensor([[0.5, -0.3], [0.1, 0.9], [-1.2, 0.4]], dtype=F64)
+    x_tilde = _random_sensitivity(theta, 3)
+    structured = linearise_particles(sde, theta, x, x_tilde, mode)
+    generic = linearise_particles(sde.coefficients, theta, x, x_tilde, mode)
+    for left, right in zip(leaves(structured), leaves(generic), strict=True):
+        torch.testing.assert_close(left, right, rtol=1e-12, atol=1e-12)
+    assert max(leaf.abs().max() for leaf in leaves(structured.total.sigma)) > 1e-3  # D sigma is really there
+
+
+def test_control_sensitivity_modes_agree_and_match_the_chain_rule():
+    theta, x = _theta(), torch.tensor([0.3, -0.7], dtype=F64)
+    x_tilde = tree_map(lambda leaf: leaf[0], _random_sensitivity(theta, 1))
+    u, d_u = control_sensitivity(_control, theta, x, x_tilde, "reverse")
+    _, d_u_forward = control_sensitivity(_control, theta, x, x_tilde, "forward")
+    u_theta = torch.autograd.functional.jacobian(lambda *leaves_: _control(dict(zip(theta, leaves_)), x),
+                                                 tuple(theta.values()))
+    u_x = torch.autograd.functional.jacobian(lambda x_: _control(theta, x_), x)
+    torch.testing.assert_close(u, _control(theta, x))
+    for (name, leaf), jac in zip(theta.items(), u_theta):
+        expected = jac + torch.tensordot(u_x, x_tilde[name], dims=1)
+        torch.testing.assert_close(d_u[name], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(d_u_forward[name], expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("noise,m", [("general", 3), ("diagonal", 2), ("additive", 3)])
+def test_structured_sensitivity_matches_finite_differences(noise, m):
+    _check_against_finite_differences(controlled(noise), _theta(), torch.tensor([0.5, -0.3], dtype=F64), m, "reverse")
+
+
+def test_additive_plain_sde_sensitivity_matches_finite_differences():
+    sde, theta = _additive_plain()
+    _check_against_finite_differences(sde, theta, torch.tensor([0.5, -0.3], dtype=F64), 2, "forward")
+
+
+def _additive_plain(noise_type="additive"):
+    theta = {"a": torch.tensor([[-1.0, 0.3], [0.2, -0.8]], dtype=F64), "w": torch.tensor(0.7, dtype=F64)}
+    sigma = torch.tensor([0.5, 0.2], dtype=F64)
+    sde = ft.SDE(lambda th, x: th["a"] @ x + th["w"] * torch.sin(x), lambda th, x: sigma,
+                 lambda th, x: (x ** 2).sum() + th["w"] * x[0], noise_type=noise_type)
+    return sde, theta
+
+
+@pytest.mark.parametrize("problem", ["controlled", "plain"])
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_additive_skips_the_diffusion_derivative(problem, mode):
+    """D sigma is not computed (total.sigma is None), and the step equals the inferred-type step."""
+    if problem == "controlled":
+        sde, theta = controlled("additive"), _theta()
+        inferred = ft.ControlledSDE(sde.control, sde.controlled_drift, sde.controlled_diffusion, sde.controlled_cost)
+    else:
+        (sde, theta), (inferred, _) = _additive_plain(), _additive_plain(None)
+    x = torch.tensor([[0.5, -0.3], [0.1, 0.9]], dtype=F64)
+    x_tilde = _random_sensitivity(theta, 2)
+    lin = linearise_particles(sde, theta, x, x_tilde, mode)
+    assert lin.total.sigma is None
+    assert linearise_particles(inferred, theta, x, x_tilde, mode).total.sigma is not None
+    state = ft.init(sde, theta, x)._replace(x_tilde=x_tilde)
+    dw = torch.randn(2, ft.state.noise_dim(sde, theta, x), dtype=F64, generator=torch.Generator().manual_seed(4))
+    a = ft.step(sde, state, dw, 0.01, 0.3, mode=mode)
+    b = ft.step(inferred, state, dw, 0.01, 0.3, mode=mode)
+    for left, right in zip(leaves(a), leaves(b), strict=True):
+        torch.testing.assert_close(left, right, rtol=1e-12, atol=1e-14)
+
+
+def test_examples_with_constant_diffusion_declare_additive():
+    assert ft.examples.lqr_1d().sde.noise_type == "additive"
+
+
+@pytest.mark.parametrize("declared,diffusion,message", [
+    ("additive", lambda x, u: 0.3 + 0.1 * x, "depends on x"),
+    ("additive", lambda x, u: 0.3 + 0.1 * u, "depends on theta"),
+    ("diagonal", lambda x, u: torch.ones(2, 2, dtype=F64), "noise_type='diagonal'"),
+    ("general", lambda x, u: torch.ones(2, dtype=F64), "noise_type='general'"),
+])
+def test_wrong_declarations_are_clear_errors(declared, diffusion, message):
+    sde = ft.ControlledSDE(lambda th, x: th["k"] * torch.ones_like(x), lambda x, u: -x + u, diffusion,
+                           lambda x, u: (x ** 2).sum(), noise_type=declared)
+    theta = {"k": torch.tensor([0.5, 0.2], dtype=F64)}
+    with pytest.raises(ValueError, match=message):
+        ft.init(sde, theta, torch.tensor([0.4, -0.1], dtype=F64))
+    with pytest.raises(ValueError, match=message):
+        check_noise_type(sde, theta, torch.tensor([0.4, -0.1], dtype=F64))
+
+
+def test_unknown_noise_type_is_rejected_at_construction():
+    with pytest.raises(ValueError, match="noise_type"):
+        ft.SDE(lambda th, x: x, lambda th, x: x, lambda th, x: x.sum(), noise_type="scalar")
+    with pytest.raises(ValueError, match="noise_type"):
+        ft.ControlledSDE(_control, _drift, _diagonal_diffusion, _cost, noise_type="diag")
+
+
+def test_check_noise_type_infers_from_the_shape():
+    theta, x0 = _theta(), torch.tensor([0.1, 0.2], dtype=F64)
+    assert check_noise_type(controlled("general"), theta, x0) == "general"
+    assert check_noise_type(controlled("diagonal"), theta, x0) == "diagonal"
+    assert check_noise_type(controlled("additive"), theta, x0) == "additive"
+
+
+def test_auto_picks_the_documented_route():
+    theta, x0 = _theta(), torch.tensor([0.1, 0.2], dtype=F64)
+    # structured: reverse costs k = 2 passes, forward p = 24: reverse
+    sde = controlled("general")
+    assert resolve_step_mode("auto", ft.init(sde, theta, x0), 3, sde) == "reverse"
+    # structured with k = 5 control outputs and p = 1 parameter: forward
+    wide = ft.ControlledSDE(lambda th, x: th["c"] * torch.ones(5, dtype=F64), lambda x, u: -x + u[:2],
+                            lambda x, u: torch.ones(2, dtype=F64), lambda x, u: (u ** 2).sum())
+    c = {"c": torch.tensor(0.3, dtype=F64)}
+    assert resolve_step_mode("auto", ft.init(wide, c, x0), 2, wide) == "forward"
+    # generic, d = 2, m = 2, p = 3: inferred counts d + d m + 1 = 7 > 3 (forward), additive d + 1 = 3 (reverse)
+    theta3 = {"a": torch.tensor([-1.0, 0.3], dtype=F64), "w": torch.tensor(0.7, dtype=F64)}
+    gen = lambda nt: ft.SDE(lambda th, x: -x + th["a"] * th["w"], lambda th, x: torch.ones(2, dtype=F64),
+                            lambda th, x: (x ** 2).sum(), noise_type=nt)
+    assert resolve_step_mode("auto", ft.init(gen("additive"), theta3, x0), 2, gen("additive")) == "reverse"
+    assert resolve_step_mode("auto", ft.init(gen(None), theta3, x0), 2, gen(None)) == "forward"
+    assert resolve_step_mode("reverse", ft.init(gen(None), theta3, x0), 2, gen(None)) == "reverse"
+
+
+@pytest.mark.parametrize("particles", [1, 2])
+@pytest.mark.parametrize("noise", ["general", "additive"])
+def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
+    """jacfwd of X_K (theta frozen) w.r.t. theta equals Xtilde_K: nested torch.func levels pass through."""
+    sde, theta = controlled(noise), _theta()
+    m = 3
+    noise_draws = torch.randn(5, particles, m, dtype=F64, generator=torch.Generator().manual_seed(7)) * 0.1
+    x0 = torch.tensor([[0.5, -0.3], [0.2, 0.1]], dtype=F64)[:particles]
+
+    def run(theta_):
+        state = ft.State(x0, tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_), theta_,
+                         torch.zeros((), dtype=F64))
+        for dw in noise_draws:
+            value, total = linearise_particles(sde, theta_, state.x, state.x_tilde, "reverse")
+            x, x_tilde = euler_update(state, value, total, dw, 0.01)
+            state = ft.State(x, x_tilde, theta_, state.t + 0.01)
+        return state.x, state.x_tilde
+
+    jacobian = jacfwd(lambda th: run(th)[0])(theta)
+    _, x_tilde = run(theta)
+    for name in theta:
+        torch.testing.assert_close(jacobian[name], x_tilde[name], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("outputs", ["few", "many"])
+def test_reverse_jacobian_equals_jacrev(outputs):
+    """Both branches (pullbacks unrolled for <= UNROLLED_ROWS numbers, vmapped beyond) equal torch.func.jacrev."""
+    from torch.func import jacrev
+
+    from fwdtrain.sensitivity import UNROLLED_ROWS, reverse_jacobian
+
+    theta, x = _theta(), torch.tensor([0.3, -0.7], dtype=F64)
+
+    def fn(th, x_):
+        u = _control(th, x_)
+        outs = (u.sum(), _drift(x_, u)) if outputs == "few" else (_full_diffusion(x_, u), _cost(x_, u))
+        return outs, u
+
+    jacobians, aux = reverse_jacobian(fn, theta, x)
+    expected, _ = jacrev(fn, argnums=(0, 1), has_aux=True)(theta, x)
+    assert (sum(o.numel() for o in fn(theta, x)[0]) <= UNROLLED_ROWS) == (outputs == "few")
+    torch.testing.assert_close(aux, _control(theta, x))
+    for got, want in zip(leaves(jacobians), leaves(expected), strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
