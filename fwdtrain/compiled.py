@@ -17,7 +17,13 @@ tensors (an SDE whose drift uses a matrix A: "lifted arguments" are unsupported)
 ran no faster than plain unrolling.
 
 If compilation fails (an unsupported operation in a user's SDE, no C++ compiler),
-the function warns once and runs the same code eagerly from then on.
+the function warns once (one line; torch's own logs are silenced during the attempt)
+and runs the same code eagerly from then on.
+
+Compiled kernels persist on disk in ``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, default
+``~/.cache/fwdtrain``): torch's FX graph and AOTAutograd caches, pointed there. A second
+launch skips inductor but not dynamo's trace (see ``use_persistent_cache`` for the
+measurements). ``choose_compilation`` is the policy for ``compile="auto"``.
 """
 
 from __future__ import annotations
@@ -109,6 +115,14 @@ def _quiet_torch_logs() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def _root_cause(error: BaseException) -> str:
+    """"Type: first line" of the innermost cause (dynamo wraps a backend's error in its own)."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
@@ -136,9 +150,8 @@ class CompiledOrEager:
                 raise  # asked for by torch._dynamo.config.error_on_recompile: not a compiler failure
             except Exception as error:  # noqa: BLE001 - any compiler failure falls back; eager re-raises user errors
                 result = self.eager(*args)
-                first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
                 warnings.warn(
-                    f"fwdtrain: torch.compile of {self.what} failed ({type(error).__name__}: {first_line}); "
+                    f"fwdtrain: torch.compile of {self.what} failed ({_root_cause(error)}); "
                     f"running it eagerly instead", RuntimeWarning, stacklevel=3,
                 )
                 self.compiled = None
@@ -176,6 +189,11 @@ def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
 
 
+def _kernel(sde: SDE, dt: float, mode: str, reduce: GradientReduce | None) -> OneStep:
+    """The one place the kernel is called: ``(state, dw, alpha) -> advance(sde, state, dw, dt, alpha, ...)``."""
+    return lambda state, dw, alpha: advance(sde, state, dw, dt, alpha, mode, reduce)
+
+
 def compile_advance(
     sde: SDE, dt: float, mode: str, reduce: GradientReduce | None = None, *,
     backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
@@ -192,8 +210,10 @@ def compile_advance(
     _check_mode(mode)
     _checks.check_dt(dt)
 
+    kernel = _kernel(sde, dt, mode, reduce)
+
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
-        new_state, info = advance(sde, state, dw, dt, alpha, mode, reduce)
+        new_state, info = kernel(state, dw, alpha)
         return canonical_strides(new_state), info
 
     compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options)
@@ -225,10 +245,12 @@ def compile_steps(
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
 
+    kernel = _kernel(sde, dt, mode, reduce)
+
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []
         for k in range(steps):
-            state, info = advance(sde, state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
+            state, info = kernel(state, noise[k], learning_rate(lr, state.t))
             costs.append(info.cost)
             gradients.append(info.gradient)
         return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
