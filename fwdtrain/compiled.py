@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from . import _checks
-from ._tree import tree_map
+from ._tree import leaves, tree_map
 from .euler import GradientReduce, LearningRate, StepInfo, advance, learning_rate
 from .problem import SDE
 from .state import State
@@ -123,6 +123,22 @@ def _root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
+# Below this many state numbers (x and x_tilde of all particles) kernels run on one thread.
+# Measured (lqr_1d, N = 256: 12k numbers, run(compile=True), 2-core CPU at load 5-7): 22-38 ms
+# per step with torch's 2 threads, 2.1 ms with one (a 2-thread region waits for a partner that
+# is not running). Larger states keep torch's thread count: the README's idle-machine figure at
+# N = 10^4 (480k numbers, 15.8M particle-steps/s fused) was measured with 2 threads.
+SINGLE_THREAD_BELOW = 1 << 16
+
+
+def _thread_options(first_arg: Any) -> dict:
+    """{"cpp.threads": 1} for a small state (see SINGLE_THREAD_BELOW), else {} (torch's default)."""
+    if not isinstance(first_arg, State):
+        return {}
+    numbers = first_arg.x.numel() + sum(leaf.numel() for leaf in leaves(first_arg.x_tilde))
+    return {"cpp.threads": 1} if numbers < SINGLE_THREAD_BELOW else {}
+
+
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
@@ -134,8 +150,14 @@ class CompiledOrEager:
         self.eager = fn
         self.attempted = False
         self.what = what
-        extra = {"options": dict(options)} if options and backend == "inductor" else {}
-        self.compiled: Callable | None = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, **extra)
+        self.backend, self.options = backend, options
+        self.compiled: Callable | None = fn  # replaced by torch.compile(fn) on the first call
+
+    def _build(self, args: tuple) -> Callable:
+        extra = {}
+        if self.options and self.backend == "inductor":
+            extra = {"options": {**_thread_options(args[0]), **self.options}}
+        return torch.compile(self.eager, fullgraph=True, dynamic=False, backend=self.backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None:
@@ -143,6 +165,7 @@ class CompiledOrEager:
                 if self.attempted:
                     return self.compiled(*args)
                 with _quiet_torch_logs():  # the first call compiles: one warning line if it fails
+                    self.compiled = self._build(args)
                     result = self.compiled(*args)
                 self.attempted = True
                 return result
