@@ -36,7 +36,12 @@ def _fwdtrain_child(particles: int, steps: int, compile: bool, fuse: int) -> dic
     start = time.perf_counter()
     state, history = ft.run(ex.sde, state, steps, ex.dt, ex.lr, seed=0, progress=False, compile=compile, fuse=fuse)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "import_s": imported, "average_cost": float(history.average_cost[-1])}
+    cache = {}
+    if "torch._dynamo" in sys.modules:  # did the kernels come from the on-disk cache?
+        from torch._dynamo.utils import counters
+
+        cache = {key: counters["inductor"][key] for key in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    return {"seconds": seconds, "import_s": imported, "average_cost": float(history.average_cost[-1]), **cache}
 
 
 def _jax_child(particles: int, steps: int) -> dict:

@@ -83,8 +83,12 @@ def use_persistent_cache() -> Path:
     and adds nothing on one machine. ``torch.compile(...).aot_compile`` (which would skip
     dynamo) fails on this step (TensorifyScalarRestartAnalysis, torch 2.13).
     """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small file, no inductor import
+
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not folder:
+    # Inductor writes its default into the variable the first time it looks (importing dynamo
+    # may do that): that value is torch's choice, not the user's.
+    if not folder or os.path.abspath(folder) == os.path.abspath(default_cache_dir()):
         folder = str(cache_dir() / "inductor")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder  # read by inductor on every cache access
     return Path(folder)
@@ -93,7 +97,7 @@ def use_persistent_cache() -> Path:
 def warm_cache_exists() -> bool:
     """Whether inductor's FX graph cache in the folder ``use_persistent_cache`` picks holds any
     compiled graph (a cheap hint for ``choose_compilation``; it does not say which problem)."""
-    folder = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir() / "inductor") / "fxgraph"
+    folder = use_persistent_cache() / "fxgraph"
     return folder.is_dir() and any(folder.iterdir())
 
 

@@ -112,6 +112,10 @@ def test_cache_folder_is_the_user_cache_dir_never_the_working_directory(monkeypa
     assert compiled_module.cache_dir() == tmp_path / "mine"
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert compiled_module.use_persistent_cache() == tmp_path / "mine" / "inductor"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # set by inductor itself on first look
+    assert compiled_module.use_persistent_cache() == tmp_path / "mine" / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))  # the user's own choice wins
     assert compiled_module.use_persistent_cache() == tmp_path / "theirs"
     assert not compiled_module.warm_cache_exists()
