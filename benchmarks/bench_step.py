@@ -145,6 +145,30 @@ def jax_variant(problem: problems.Problem, particles: int, chunk_steps: int) -> 
     return Variant("jax scan", chunk, chunk_steps, particles, seconds)
 
 
+def jax_hand_variant(problem: problems.Problem, particles: int, chunk_steps: int) -> Variant | None:
+    """benchmarks/jax_hand.py: the seed's 1-D problem specialised by hand (only u differentiated)."""
+    if problem.name != "lqr-1d":
+        return None
+    try:
+        import jax
+
+        from . import jax_hand
+    except ImportError:
+        return None
+    state = jax_hand.init({k: v.numpy() for k, v in problem.theta.items()}, float(problem.x0[0]), particles)
+    run = jax_hand.make_run(problem.dt, lambda t: problem.lr, chunk_steps, particles)
+    key = jax.random.PRNGKey(0)
+    compiled, seconds = _timed(lambda: run.lower(state, key).compile())
+    box = [state, key]
+
+    def chunk() -> None:
+        box[1], sub = jax.random.split(box[1])
+        box[0], cost = compiled(box[0], sub)
+        jax.block_until_ready(cost)
+
+    return Variant("jax hand", chunk, chunk_steps, particles, seconds)
+
+
 def measure(variants: list[Variant], repeats: int, seconds_per_repeat: float) -> dict[str, dict]:
     """Median particle-steps/s per variant, round-robin over repeats so load changes hit all alike."""
     chunks = {}
@@ -182,15 +206,16 @@ def work_sizes(quick: bool) -> list[tuple[str, int, int]]:
 
 def print_table(rows: list[dict]) -> None:
     header = (f"{'work':<16}{'variant':<26}{'particle-steps/s':>18}{'us/step':>11}{'compile s':>11}"
-              f"{'x seed':>9}{'x jax':>8}{'peak RSS MB':>13}")
+              f"{'x seed':>9}{'x jax':>8}{'x hand':>8}{'peak RSS MB':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
         compile_s = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
         vs_seed = f"{r['vs_seed']:.1f}" if r.get("vs_seed") is not None else "-"
         vs_jax = f"{r['vs_jax']:.2f}" if r.get("vs_jax") is not None else "-"
+        vs_hand = f"{r['vs_jax_hand']:.2f}" if r.get("vs_jax_hand") is not None else "-"
         print(f"{r['work']:<16}{r['variant']:<26}{r['particle_steps_per_s']:>18,.0f}{r['us_per_step']:>11.1f}"
-              f"{compile_s:>11}{vs_seed:>9}{vs_jax:>8}{r['peak_rss_mb_after_warmup']:>13.0f}")
+              f"{compile_s:>11}{vs_seed:>9}{vs_jax:>8}{vs_hand:>8}{r['peak_rss_mb_after_warmup']:>13.0f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -226,15 +251,20 @@ def main(argv: list[str] | None = None) -> dict:
         jax_v = jax_variant(problem, particles, k)
         if jax_v is not None:
             variants.append(jax_v)
+        hand_v = jax_hand_variant(problem, particles, k)
+        if hand_v is not None:
+            variants.append(hand_v)
         results = measure(variants, repeats, seconds_per_repeat)
         if "seed loop" in results:
             seed_rate = results["seed loop"]["particle_steps_per_s"]
         jax_rate = results.get("jax scan", {}).get("particle_steps_per_s")
+        hand_rate = results.get("jax hand", {}).get("particle_steps_per_s")
         flops, bytes_ = roofline.per_particle_step(problem, particles)
         for variant, r in results.items():
             rows.append({"work": work, "problem": name, "variant": variant, **r,
                          "vs_seed": r["particle_steps_per_s"] / seed_rate if seed_rate else None,
                          "vs_jax": r["particle_steps_per_s"] / jax_rate if jax_rate else None,
+                         "vs_jax_hand": r["particle_steps_per_s"] / hand_rate if hand_rate else None,
                          "flops_per_particle_step": flops, "bytes_per_particle_step": bytes_})
     print()
     print_table(rows)

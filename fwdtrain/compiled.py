@@ -17,17 +17,27 @@ tensors (an SDE whose drift uses a matrix A: "lifted arguments" are unsupported)
 ran no faster than plain unrolling.
 
 If compilation fails (an unsupported operation in a user's SDE, no C++ compiler),
-the function warns once and runs the same code eagerly from then on. Called inside
-the user's ``torch.func`` transform (``grad``, ``jacfwd``, ``vmap``, ...), whose wrapped
-tensors dynamo cannot trace from outside, a compiled function runs its eager twin for
-that call: the same values and correct derivatives, without the speed-up.
+the function warns once (one line; torch's own logs are silenced during the attempt)
+and runs the same code eagerly from then on. Called inside the user's ``torch.func``
+transform (``grad``, ``jacfwd``, ``vmap``, ...), whose wrapped tensors dynamo cannot trace
+from outside, a compiled function runs its eager twin for that call: the same values and
+correct derivatives, without the speed-up.
+
+Compiled kernels persist on disk in ``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, default
+``~/.cache/fwdtrain``): torch's FX graph and AOTAutograd caches, pointed there. A second
+launch skips inductor but not dynamo's trace (see ``use_persistent_cache`` for the
+measurements). ``choose_compilation`` is the policy for ``compile="auto"``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import os
 import warnings
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
@@ -49,6 +59,94 @@ OneStep = Callable[[State, torch.Tensor, Any], tuple[State, StepInfo]]
 FusedSteps = Callable[[State, torch.Tensor], tuple[State, StepInfo]]
 
 
+CACHE_ENV = "FWDTRAIN_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels persist between launches: ``$FWDTRAIN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fwdtrain`` (``~/.cache/fwdtrain``). Never the working directory.
+
+    Torch's own default (``/tmp/torchinductor_$USER``) is wiped on reboot and shared by
+    every torch program of the user; a user cache folder survives and holds only ours.
+    """
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fwdtrain"
+
+
+def use_persistent_cache() -> Path:
+    """Point inductor's on-disk caches at ``cache_dir() / "inductor"`` unless the user chose a
+    folder (``TORCHINDUCTOR_CACHE_DIR``); returns the folder in use.
+
+    Measured (lqr_1d, N = 1, one step, 2-core CPU under load, fresh folder then the same one
+    in a new process): 21.5 s cold, 10.5 s warm with the FX graph and AOTAutograd caches
+    hitting (torch's defaults). The warm launch still traces with dynamo (~3 s through
+    ``torch.func``), imports inductor (~3-5 s) and loads the cached kernel: the caches keep
+    the compiler's work, not dynamo's; ``save_cache_artifacts`` bundles the same two caches
+    and adds nothing on one machine. ``torch.compile(...).aot_compile`` (which would skip
+    dynamo) fails on this step (TensorifyScalarRestartAnalysis, torch 2.13).
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small file, no inductor import
+
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # Inductor writes its default into the variable the first time it looks (importing dynamo
+    # may do that): that value is torch's choice, not the user's.
+    if not folder or os.path.abspath(folder) == os.path.abspath(default_cache_dir()):
+        folder = str(cache_dir() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder  # read by inductor on every cache access
+    return Path(folder)
+
+
+def warm_cache_exists() -> bool:
+    """Whether inductor's FX graph cache in the folder ``use_persistent_cache`` picks holds any
+    compiled graph (a cheap hint for ``choose_compilation``; it does not say which problem)."""
+    folder = use_persistent_cache() / "fxgraph"
+    return folder.is_dir() and any(folder.iterdir())
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's loggers (dynamo, inductor, ...) for the duration: a failed compile
+    otherwise logs internal asserts and tracebacks before the error reaches us."""
+    loggers = [logging.getLogger("torch")] + [
+        logger for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger)
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _root_cause(error: BaseException) -> str:
+    """"Type: first line" of the innermost cause (dynamo wraps a backend's error in its own)."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+# Below this many state numbers (x and x_tilde of all particles) kernels run on one thread.
+# Measured (lqr_1d, N = 256: 12k numbers, run(compile=True), 2-core CPU at load 5-7): 22-38 ms
+# per step with torch's 2 threads, 2.1 ms with one (a 2-thread region waits for a partner that
+# is not running). Larger states keep torch's thread count: the README's idle-machine figure at
+# N = 10^4 (480k numbers, 15.8M particle-steps/s fused) was measured with 2 threads.
+SINGLE_THREAD_BELOW = 1 << 16
+
+
+def _thread_options(first_arg: Any) -> dict:
+    """{"cpp.threads": 1} for a small state (see SINGLE_THREAD_BELOW), else {} (torch's default)."""
+    if not isinstance(first_arg, State):
+        return {}
+    numbers = first_arg.x.numel() + sum(leaf.numel() for leaf in leaves(first_arg.x_tilde))
+    return {"cpp.threads": 1} if numbers < SINGLE_THREAD_BELOW else {}
+
+
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
@@ -56,26 +154,39 @@ class CompiledOrEager:
                  fullgraph: bool = True) -> None:
         from torch._dynamo.exc import RecompileError  # deferred: importing dynamo takes seconds
 
+        use_persistent_cache()
         self.recompile_error = RecompileError
         self.eager = fn
+        self.attempted = False
         self.what = what
-        extra = {"options": dict(options)} if options and backend == "inductor" else {}
-        self.compiled: Callable | None = torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend, **extra)
+        self.backend, self.options, self.fullgraph = backend, options, fullgraph
+        self.compiled: Callable | None = fn  # replaced by torch.compile(fn) on the first call
+
+    def _build(self, args: tuple) -> Callable:
+        extra = {}
+        if self.options and self.backend == "inductor":
+            extra = {"options": {**_thread_options(args[0]), **self.options}}
+        return torch.compile(self.eager, fullgraph=self.fullgraph, dynamic=False, backend=self.backend, **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None and not all(_checks.is_concrete(leaf) for leaf in leaves(args)):
             return self.eager(*args)  # inside the user's torch.func transform: dynamo cannot trace its wrappers
         if self.compiled is not None:
             try:
-                return self.compiled(*args)
+                if self.attempted:
+                    return self.compiled(*args)
+                with _quiet_torch_logs():  # the first call compiles: one warning line if it fails
+                    self.compiled = self._build(args)
+                    result = self.compiled(*args)
+                self.attempted = True
+                return result
             except self.recompile_error:
                 raise  # asked for by torch._dynamo.config.error_on_recompile: not a compiler failure
             except Exception as error:  # noqa: BLE001 - any compiler failure falls back; eager re-raises user errors
                 result = self.eager(*args)
                 warnings.warn(
-                    f"fwdtrain: torch.compile of {self.what} failed ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}); running it eagerly instead",
-                    RuntimeWarning, stacklevel=2,
+                    f"fwdtrain: torch.compile of {self.what} failed ({_root_cause(error)}); "
+                    f"running it eagerly instead", RuntimeWarning, stacklevel=3,
                 )
                 self.compiled = None
                 return result
@@ -123,6 +234,12 @@ def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
 
 
+def _kernel(problem: Any, dt: float, mode: str, reduce: GradientReduce | None) -> OneStep:
+    """The one place the kernel is called: ``(state, dw, alpha) -> advance(problem, state, dw, dt, alpha, ...)``."""
+    advance_problem = _advance_of(problem)
+    return lambda state, dw, alpha: advance_problem(state, dw, dt, alpha, mode, reduce)
+
+
 def compile_advance(
     sde: Any, dt: float, mode: str, reduce: GradientReduce | None = None, *,
     backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
@@ -138,11 +255,11 @@ def compile_advance(
     """
     _check_mode(mode)
     _checks.check_dt(dt)
-    kernel = _advance_of(sde)
     fullgraph, reduce = reduce is None, _outside_graph(reduce)
+    kernel = _kernel(sde, dt, mode, reduce)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
-        new_state, info = kernel(state, dw, dt, alpha, mode, reduce)
+        new_state, info = kernel(state, dw, alpha)
         return canonical_strides(new_state), info
 
     compiled = CompiledOrEager(one_step, f"one step (mode={mode!r})", backend, options, fullgraph)
@@ -173,13 +290,13 @@ def compile_steps(
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
-    kernel = _advance_of(sde)
     fullgraph, reduce = reduce is None, _outside_graph(reduce)
+    kernel = _kernel(sde, dt, mode, reduce)
 
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []
         for k in range(steps):
-            state, info = kernel(state, noise[k], dt, learning_rate(lr, state.t), mode, reduce)
+            state, info = kernel(state, noise[k], learning_rate(lr, state.t))
             costs.append(info.cost)
             gradients.append(info.gradient)
         return canonical_strides(state), StepInfo(torch.stack(costs), tree_map(lambda *g: torch.stack(g), *gradients))
@@ -194,3 +311,50 @@ def compile_steps(
         return compiled(state, noise)
 
     return call
+
+
+class Compilation(NamedTuple):
+    """What ``choose_compilation`` picked: ``compile`` and ``fuse`` as ``fwdtrain.run`` takes them,
+    and the estimated seconds to finish the run by each option (for logs and tests)."""
+
+    compile: bool
+    fuse: int
+    estimates: dict[str, float]
+
+
+# Costs measured on the 2-core CPU (lqr_1d, torch 2.13; steps from bench_step.py and the issue's
+# idle figures, eager from a 100-step loop under load). Seconds per step = fixed + per-particle N.
+EAGER_STEP_S = (2.8e-3, 6.5e-6)      # Python + dispatch of ~300 small ops; 68 ms/step at N = 10^4
+COMPILED_STEP_S = (1.5e-4, 8.3e-8)   # one compiled call per step (the Python wrapper's overhead)
+FUSED_STEP_S = (2.0e-5, 8.3e-8)      # K steps per call through the C++ wrapper (52k steps/s at N = 1)
+# Seconds to compile: one step cold 12.5 s / warm 7 s (dynamo still traces); an unrolled chunk
+# grows ~3.5 s per extra step cold (65 s at K = 16) and ~1 s per step warm (dynamo's trace).
+COMPILE_S = {"cold": (12.5, 3.5), "warm": (7.0, 1.0)}
+FUSE_CHOICES = (4, 8, 16)
+
+
+def choose_compilation(steps: int, particles: int, warm_cache: bool) -> Compilation:
+    """Eager, compiled or fused (K) for ``compile="auto"``: the option that finishes soonest.
+
+    Estimated time = compile time + steps x (fixed + per-particle cost) with the measured
+    constants above (fused adds a one-step compile for the gaps between records). With a
+    cold cache, compiling one step (12.5 s) pays off after ~4,700 steps at N <= 256 (eager
+    costs 2.8 ms/step, compiled 0.15 ms) but after ~300 steps at N = 10^4 (68 ms/step
+    eager); a warm cache (7 s) halves those. The seed run (6,000 steps, N = 256) is just
+    past the cold break-even; short runs and tests stay eager. A pure function of its
+    arguments: pass ``warm_cache=warm_cache_exists()``.
+    """
+    steps = _checks.check_count(steps, "steps", minimum=0)
+    particles = _checks.check_count(particles, "particles")
+    base, per_extra = COMPILE_S["warm" if warm_cache else "cold"]
+
+    def run_s(cost: tuple[float, float]) -> float:
+        return steps * (cost[0] + cost[1] * particles)
+
+    estimates = {"eager": run_s(EAGER_STEP_S), "compiled": base + run_s(COMPILED_STEP_S)}
+    for k in FUSE_CHOICES:
+        if steps >= 4 * k:
+            estimates[f"fused {k}"] = 2 * base + per_extra * (k - 1) + run_s(FUSED_STEP_S)
+    best = min(estimates, key=estimates.__getitem__)
+    fuse = int(best.split()[1]) if best.startswith("fused") else 1
+    return Compilation(best != "eager", fuse, estimates)

@@ -30,8 +30,15 @@ def test_bench_step_quick(tmp_path):
     for variant in ("seed loop", "fwdtrain eager", "fwdtrain compiled", "fwdtrain fused K=2"):
         assert ("lqr-1d N=1", variant) in variants
     assert (("lqr-1d N=1", "jax scan") in variants) == HAS_JAX
+    assert (("lqr-1d N=1", "jax hand") in variants) == HAS_JAX
     assert all(row["particle_steps_per_s"] > 0 for row in payload["rows"])
     assert len(payload["roofline"]) == len({row["work"] for row in payload["rows"]})
+
+
+def test_time_to_result_quick(tmp_path):
+    rows = run_module("time_to_result", tmp_path, "--quick")["rows"]
+    assert {row["variant"] for row in rows} == {"fwdtrain eager"} | ({"jax hand"} if HAS_JAX else set())
+    assert all(row["seconds"] > 0 for row in rows)
 
 
 def test_bench_memory_quick(tmp_path):
@@ -88,3 +95,32 @@ def test_bench_eager_quick(tmp_path):
         for variant in ("seed loop", "generic SDE, inferred noise", "ControlledSDE, additive", "check_step_inputs only"):
             assert (particles, variant) in variants
     assert all(row["steps_per_s"] > 0 for row in rows)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax is an optional extra: pip install fwdtrain[jax]")
+def test_jax_hand_computes_what_fwdtrain_computes():
+    """The hand-specialised program (only u differentiated, chain rule by hand) and fwdtrain's
+    generic advance agree on the seed problem: same theta, same noise (float32)."""
+    import jax
+    import numpy as np
+    import torch
+
+    import fwdtrain as ft
+    from benchmarks import jax_hand, problems
+    from fwdtrain.euler import advance
+
+    problem = problems.lqr("lqr-1d")
+    particles = 3
+    state = ft.init(problem.sde, problem.theta, problem.x0, particles)
+    hand = jax_hand.init({k: v.numpy() for k, v in problem.theta.items()}, 1.0, particles)
+    step = jax.jit(jax_hand.make_step(problem.dt, lambda t: problem.lr))
+    noise = torch.randn(30, particles, 1, generator=torch.Generator().manual_seed(2)) * problem.dt ** 0.5
+    for dw in noise:
+        state, info = advance(problem.sde, state, dw, problem.dt, problem.lr, "reverse")
+        hand, cost = step(hand, jax.numpy.asarray(dw[:, 0].numpy()))
+        np.testing.assert_allclose(float(cost), float(info.cost), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(hand.x), state.x[:, 0].numpy(), rtol=1e-4, atol=1e-5)
+    for key, leaf in state.x_tilde.items():
+        np.testing.assert_allclose(np.asarray(hand.x_tilde[key]), leaf[:, 0].numpy(), rtol=1e-4, atol=1e-5)
+    for key, leaf in state.theta.items():
+        np.testing.assert_allclose(np.asarray(hand.theta[key]), leaf.numpy(), rtol=1e-4, atol=1e-6)

@@ -4,7 +4,9 @@ torch.compile (inductor) takes tens of seconds per graph on a small CPU, so ther
 two inductor graphs here, both of a 1 -> 4 -> 1 network: one step, and two fused steps.
 """
 
+import logging
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ import torch._dynamo
 
 import fwdtrain as ft
 from fwdtrain._tree import leaves
-from fwdtrain.compiled import compile_advance, compile_steps
+from fwdtrain import compiled as compiled_module
+from fwdtrain.compiled import choose_compilation, compile_advance, compile_steps
 from fwdtrain.euler import advance
 
 DT = 0.01
@@ -77,13 +80,81 @@ def _failing_backend(graph_module, example_inputs):
     raise RuntimeError("no compiler here")
 
 
-def test_compile_failure_falls_back_to_eager_with_a_warning(problem):
+def _noisy_failing_backend(graph_module, example_inputs):
+    logging.getLogger("torch._inductor.fake_internal").error("internal assert log line\n" * 20)
+    raise RuntimeError("no compiler here\nsecond line of the error")
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning_line(problem, capsys, caplog):
     sde, state, noise = problem
-    one_step = compile_advance(sde, DT, "reverse", backend=_failing_backend)
-    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+    one_step = compile_advance(sde, DT, "reverse", backend=_noisy_failing_backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         fallback, _ = one_step(state, noise[0], 0.3)
-    expected, _ = advance(sde, state, noise[0], DT, torch.tensor(0.3, dtype=torch.float64), "reverse")
+        fallback, _ = one_step(fallback, noise[1], 0.3)  # eager from now on: no second warning
+    assert len(caught) == 1 and caught[0].category is RuntimeWarning
+    message = str(caught[0].message)
+    assert "running it eagerly" in message and "no compiler here" in message and "\n" not in message
+    assert caught[0].filename == __file__  # points at the caller, not at fwdtrain's internals
+    assert "internal assert" not in capsys.readouterr().err and "internal assert" not in caplog.text
+    expected = state
+    for dw in noise[:2]:
+        expected, _ = advance(sde, expected, dw, DT, torch.tensor(0.3, dtype=torch.float64), "reverse")
     assert_trees_close(fallback, expected)
+    assert logging.getLogger("torch").level != logging.CRITICAL + 1  # levels restored
+
+
+def test_cache_folder_is_the_user_cache_dir_never_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("FWDTRAIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compiled_module.cache_dir() == tmp_path / "xdg" / "fwdtrain"
+    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path / "mine"))
+    assert compiled_module.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert compiled_module.use_persistent_cache() == tmp_path / "mine" / "inductor"
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # set by inductor itself on first look
+    assert compiled_module.use_persistent_cache() == tmp_path / "mine" / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))  # the user's own choice wins
+    assert compiled_module.use_persistent_cache() == tmp_path / "theirs"
+    assert not compiled_module.warm_cache_exists()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_second_build_loads_the_kernel_from_the_on_disk_cache(problem, monkeypatch, tmp_path):
+    """A fresh folder: the first build compiles and writes there, a rebuild (dynamo reset, as in
+    a new launch) hits the FX graph / AOTAutograd cache instead of compiling again."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))
+    sde, state, noise = problem
+    state = ft.init(sde, state.theta, state.x[:2])  # 2 particles: a graph no other test compiled
+    counters = torch._dynamo.utils.counters
+    results = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        one_step = compile_advance(sde, DT, "reverse")
+        results.append(one_step(state, noise[0, :2], 0.2)[0])
+        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    assert hits >= 1 and compiled_module.warm_cache_exists()
+    assert (tmp_path / "inductor" / "fxgraph").is_dir()
+    assert_trees_close(results[1], results[0])
+
+
+def test_choose_compilation_picks_the_soonest_finish():
+    short = choose_compilation(100, 1, warm_cache=False)
+    assert (short.compile, short.fuse) == (False, 1)  # tests and short runs stay eager
+    seed_cold = choose_compilation(6000, 256, warm_cache=False)
+    assert seed_cold.compile and seed_cold.estimates["compiled"] < seed_cold.estimates["eager"]
+    assert choose_compilation(2000, 256, warm_cache=True).compile  # a warm cache lowers break-even
+    assert not choose_compilation(2000, 256, warm_cache=False).compile
+    assert choose_compilation(1000, 10_000, warm_cache=False).compile  # big N: eager is slow per step
+    long = choose_compilation(1_000_000, 100, warm_cache=True)
+    assert long.compile and long.fuse > 1
+    assert choose_compilation(0, 1, warm_cache=True) == (False, 1, {"eager": 0.0, "compiled": 7.0})
+    with pytest.raises(ValueError, match="particles must be an integer >= 1"):
+        choose_compilation(10, 0, warm_cache=False)
 
 
 def test_mode_must_be_resolved():
