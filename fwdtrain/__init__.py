@@ -4,14 +4,14 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import calibration, distributed, examples, noise, schedules, sgdct
-from .checkpoint import Checkpoint, load, save
+from . import calibration, distributed, examples, noise, optim, schedules, sgdct
+from .checkpoint import Checkpoint, check_compatible, load, save
 from .checkpointing import CheckpointWriteError, Checkpointing
-from .compiled import compile_advance, compile_steps
+from .compiled import cache_dir, choose_compilation, compile_advance, compile_steps
 from .driver import run, step_function
 from .history import History
 from .errors import CheckpointError, DivergenceError
-from .evaluate import CostEstimate, stationary_cost
+from .evaluate import CostEstimate, average_cost, stationary_cost
 from .model import Model, functional, mlp
 from .noise import BrownianNoise, FunctionNoise, TensorNoise
 from .problem import SDE, Coefficients, ControlledSDE
@@ -29,5 +29,6 @@ __all__ = [
     "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
-    "CheckpointWriteError", "Trainable", "CostForm",
+    "CheckpointWriteError", "Trainable", "CostForm", "optim", "check_compatible", "cache_dir",
+    "choose_compilation", "average_cost",
 ]

@@ -36,8 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from . import distributed, examples, plotting, schedules
-from ._tree import leaves_with_paths
-from .checkpoint import load, save
+from .checkpoint import check_compatible, load, save
 from .checkpointing import Checkpointing, CheckpointWriteError
 from .driver import run
 from .errors import CheckpointError, DivergenceError
@@ -100,7 +99,9 @@ def _options() -> argparse.ArgumentParser:
     add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
     add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
-    add("--compile", action="store_true", help="run each step through torch.compile (compiles for seconds first)")
+    add("--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="run each step through torch.compile (compiles for seconds first); --no-compile: eager. "
+             "Default: compile when the run is long enough to repay it")
     add("--fuse", type=_positive_int, default=1, metavar="K", help="fuse K steps into one compiled call "
         "(implies --compile; K dividing --record-every, e.g. 4 to 16)")
     add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every "
@@ -153,21 +154,6 @@ def _learning_rate(example, lr: float | None, name: str | None, offset: float):
                          f"choose a --schedule as well")
     factor = base / own0
     return (lambda t: own(t) * factor), base
-
-
-def _check_fits(path: str, saved: Any, expected: Any) -> None:
-    """Refuse a resumed state whose leaves (paths, shapes, dtypes) differ from the problem's first state."""
-    have = [(where, tuple(leaf.shape), leaf.dtype) for where, leaf in leaves_with_paths(saved)]
-    want = [(where, tuple(leaf.shape), leaf.dtype) for where, leaf in leaves_with_paths(expected)]
-    if have == want:
-        return
-    for a, b in zip(have, want):
-        if a != b:
-            raise CheckpointError(f"--resume {path}: the saved state does not fit this problem: "
-                                  f"{a[0]} is {list(a[1])} {a[2]}, the problem needs {b[0]} {list(b[1])} {b[2]} "
-                                  f"(a checkpoint of another problem, size or dtype?)")
-    raise CheckpointError(f"--resume {path}: the saved state has {len(have)} tensors, this problem's has "
-                          f"{len(want)} (a checkpoint of another problem?)")
 
 
 def _relative_error(learned: float, reference: float) -> float:
@@ -260,7 +246,7 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
         raise ValueError(f"{problem} estimates from observed paths in one process; run it without torchrun")
     if checkpoint is not None:
         state, history = checkpoint.state, checkpoint.history
-        _check_fits(args.resume, state, example.initial_state())
+        check_compatible(state, example.theta, x0=example.x0, name=f"this problem ({problem})")
     else:
         state, history = example.initial_state(), None
     done = history.steps if history is not None else 0
@@ -273,7 +259,7 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     saving = Checkpointing(args.checkpoint, args.checkpoint_every, metadata) if args.checkpoint else None
     common = dict(history=history, record_every=args.record_every, checkpoint=saving,
                   progress=False if args.no_progress or args.json else None,
-                  compile=args.compile or args.fuse > 1, fuse=args.fuse)
+                  compile="auto" if args.compile is None else (args.compile or args.fuse > 1), fuse=args.fuse)
     unsaved = None
     start = time.perf_counter()
     try:

@@ -161,6 +161,19 @@ class Loop:
         if not within(self.carry.state, self.bound):
             raise self.diverged(self.carry.n)
         self.good = (self.carry, self.source.state_dict(self.carry.n))
+        self.check_learning_rate()
+
+    def check_learning_rate(self) -> None:
+        """Raise ``DivergenceError`` (carrying the current state) if alpha(t_n) is not a finite number >= 0."""
+        c = self.carry
+        try:
+            _checks.check_alpha(self.schedule(c.state.t), c.state.t, self.schedule)
+        except (TypeError, ValueError) as error:
+            self.record_now(c)
+            raise DivergenceError(f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
+                                  f"check, check_every steps) with the state reached in error.state", step=c.n,
+                                  last_finite_step=c.n, state=c.state,
+                                  history=self.history(c, self.good[1])) from error
 
     # ---- the loop ----
     def _next_event(self, n: int, stop: int) -> int:
@@ -246,8 +259,7 @@ def _noise_source(noise: NoiseLike, history: History | None, seed: int, shape: t
                              f"pass the history saved with this state (it carries the noise position)")
     else:
         source.position = start
-        if source.shape is not None and tuple(source.shape) != shape:
-            raise ValueError(f"noise increments have shape {tuple(source.shape)} per step, expected {shape}")
+        source.expect(shape, dtype, device)
     return source
 
 
@@ -267,9 +279,23 @@ def _check_options(steps, record_every, chunk, check_every, progress_every, call
     if progress not in (None, True, False):
         raise TypeError(f"progress must be None (auto), True or False, got {progress!r}")
     if not (compile is True or compile is False or isinstance(compile, str)):
-        raise TypeError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
+        raise TypeError(f"compile must be \"auto\", True, False or a torch.compile backend name, got {compile!r}")
     fuse = _checks.check_count(fuse, "fuse")
     return steps, record_every, chunk, check_every, progress_every, callback_every, fuse
+
+
+def _compilation(compile: bool | str, fuse: int, steps: int, state: State) -> tuple[bool | str, int]:
+    """``compile="auto"``: eager, compiled or fused, whichever ``choose_compilation`` estimates finishes the
+    ``steps`` soonest (short runs stay eager; a warm on-disk cache makes compiling pay off sooner).
+    An explicit ``fuse`` > 1 compiles as asked."""
+    if compile != "auto":
+        return compile, fuse
+    if fuse > 1:
+        return True, fuse
+    from .compiled import choose_compilation, warm_cache_exists  # deferred: importing torch._dynamo takes seconds
+
+    chosen = choose_compilation(steps, state.particles, warm_cache=warm_cache_exists())
+    return chosen.compile, chosen.fuse
 
 
 def setup(
@@ -278,7 +304,7 @@ def setup(
     chunk: int = 1024, record: Callable[[State], Any] | None = None, callback: Callable[[int, State], Any] | None = None,
     callback_every: int | None = None, check_every: int = 100, bound: float | None = None,
     progress_every: int = 256, progress: bool | None = None, checkpoint: Checkpointing | str | os.PathLike | None = None,
-    reduce: GradientReduce | None = None, compile: bool | str = False, fuse: int = 1,
+    reduce: GradientReduce | None = None, compile: bool | str = "auto", fuse: int = 1,
 ) -> Loop:
     """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the
     history's step (0 for a new run) and ending ``steps`` later. Nothing is stepped."""
@@ -293,6 +319,10 @@ def setup(
                         f"got {type(state).__name__}")
     trainable = as_trainable(problem)
     trainable.check(state, dt, lr)
+    schedule = _schedule(lr, state)
+    for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
+        _checks.check_alpha(schedule(t), t, lr)
+    compile, fuse = _compilation(compile, fuse, steps, state)
     resolved = trainable.resolve_mode(state, mode)
     compiling = compile is not False or fuse > 1
     if compiling and mode == "auto":
@@ -317,7 +347,6 @@ def setup(
             raise ValueError(f"history ends at t = {float(history.t[-1])} but state.t = {float(state.t)}: "
                              f"pass the history that was returned (or saved) with this state")
     source = _noise_source(noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)
-    schedule = _schedule(lr, state)
     chosen = kernels(trainable, dt, resolved, reduce, schedule, True if compile is False and compiling else compile, fuse)
     show = steps > 0 and progress_enabled(progress)
     events = Events(record_every, check_every, callback_every if callback is not None else None,
@@ -350,7 +379,7 @@ def run(
     progress_every: int = 256,
     checkpoint: Checkpointing | str | os.PathLike | None = None,
     reduce: GradientReduce | None = None,
-    compile: bool | str = False,
+    compile: bool | str = "auto",
     fuse: int = 1,
 ) -> tuple[State, History]:
     """Take ``steps`` pure steps of ``problem`` from ``state``.
@@ -383,11 +412,13 @@ def run(
                       probed before the first step (``CheckpointError``); a save that fails later raises
                       ``CheckpointWriteError`` carrying the state and history reached.
       reduce:         maps the particle-mean gradient before the update (e.g. an all-reduce).
-      compile:        run each step through ``torch.compile`` (``fwdtrain.compile_advance``), any problem:
-                      same maths, no Python dispatch; the first step compiles (seconds). Falls back to
-                      eager with a warning if compilation fails. A string names the ``torch.compile``
-                      backend (True is "inductor"; "eager" traces only, for tests). A ``reduce`` hook
-                      runs eagerly between the compiled pieces.
+      compile:        "auto" (default): compile when the run is long enough to repay the compile
+                      time (``fwdtrain.compiled.choose_compilation``; short runs stay eager). True: run
+                      each step through ``torch.compile`` (``fwdtrain.compile_advance``), any problem:
+                      same maths, no Python dispatch; the first step compiles (seconds). False: eager.
+                      Falls back to eager with a one-line warning if compilation fails. A string names
+                      the ``torch.compile`` backend (True is "inductor"; "eager" traces only, for tests).
+                      A ``reduce`` hook runs eagerly between the compiled pieces.
       fuse:           K > 1 fuses K steps into one compiled call (``fwdtrain.compile_steps``; implies
                       compile) wherever K steps fit before the next event; single compiled steps fill
                       the gaps. Pick K dividing record_every and check_every (e.g. 4..16).

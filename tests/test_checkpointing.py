@@ -122,7 +122,7 @@ def test_cli_resume_refuses_another_seed_and_foreign_or_historyless_checkpoints(
     ft.save(foreign, state, history)
     assert cli.main(["tiny", "--no-plot", "--resume", str(foreign)]) == 2
     err = capsys.readouterr().err
-    assert "does not fit this problem" in err and "Traceback" not in err
+    assert "does not fit this problem (tiny)" in err and "Traceback" not in err
 
     bare = tmp_path / "bare.pt"
     ft.save(bare, state)

@@ -74,7 +74,7 @@ def distributed_run(
     progress: bool | None = False,
     verbose: bool = False,
     checkpoint: Checkpointing | str | os.PathLike | None = None,
-    compile: bool | str = False,
+    compile: bool | str = "auto",
     fuse: int = 1,
 ) -> tuple[State, History]:
     """``fwdtrain.run`` for this rank's particles with the group's theta; every rank calls it alike.
