@@ -322,14 +322,16 @@ class Compilation(NamedTuple):
     estimates: dict[str, float]
 
 
-# Costs measured on the 2-core CPU (lqr_1d, torch 2.13; steps from bench_step.py and the issue's
-# idle figures, eager from a 100-step loop under load). Seconds per step = fixed + per-particle N.
-EAGER_STEP_S = (2.8e-3, 6.5e-6)      # Python + dispatch of ~300 small ops; 68 ms/step at N = 10^4
-COMPILED_STEP_S = (1.5e-4, 8.3e-8)   # one compiled call per step (the Python wrapper's overhead)
+# Costs measured on the 2-core CPU (lqr_1d, torch 2.13; compiled and fused from bench_step.py, eager
+# from ft.run(compile=False) under a load of ~1.5 with the structure-aware step: 1.9 ms/step at N = 1,
+# 3.2 ms at N = 256, 12.5 ms at N = 10^4). Seconds per step = fixed + per-particle N.
+EAGER_STEP_S = (3.0e-3, 1.0e-6)      # Python + torch.func dispatch of the small ops of one step
+COMPILED_STEP_S = (1.5e-4, 8.3e-8)   # one compiled call per step (0.18 ms at N = 256, measured)
 FUSED_STEP_S = (2.0e-5, 8.3e-8)      # K steps per call through the C++ wrapper (52k steps/s at N = 1)
-# Seconds to compile: one step cold 12.5 s / warm 7 s (dynamo still traces); an unrolled chunk
-# grows ~3.5 s per extra step cold (65 s at K = 16) and ~1 s per step warm (dynamo's trace).
-COMPILE_S = {"cold": (12.5, 3.5), "warm": (7.0, 1.0)}
+# Seconds to compile: one step cold 12.5-23 s (20 s measured at N = 256 under load) / warm 7 s
+# (dynamo still traces); an unrolled chunk grows ~3.5 s per extra step cold (65 s at K = 16) and
+# ~1 s per step warm (dynamo's trace).
+COMPILE_S = {"cold": (20.0, 3.5), "warm": (7.0, 1.0)}
 FUSE_CHOICES = (4, 8, 16)
 
 
@@ -337,12 +339,12 @@ def choose_compilation(steps: int, particles: int, warm_cache: bool) -> Compilat
     """Eager, compiled or fused (K) for ``compile="auto"``: the option that finishes soonest.
 
     Estimated time = compile time + steps x (fixed + per-particle cost) with the measured
-    constants above (fused adds a one-step compile for the gaps between records). With a
-    cold cache, compiling one step (12.5 s) pays off after ~4,700 steps at N <= 256 (eager
-    costs 2.8 ms/step, compiled 0.15 ms) but after ~300 steps at N = 10^4 (68 ms/step
-    eager); a warm cache (7 s) halves those. The seed run (6,000 steps, N = 256) is just
-    past the cold break-even; short runs and tests stay eager. A pure function of its
-    arguments: pass ``warm_cache=warm_cache_exists()``.
+    constants above (fused adds a one-step compile for the gaps between records). With a cold
+    cache, compiling one step (20 s) pays off after ~7,000 steps at N = 256 (eager 3.3 ms/step,
+    compiled 0.17 ms), after ~1,600 at N = 10^4; a warm cache (7 s) pays after ~2,300 steps at
+    N = 256. So the seed run (6,000 steps, N = 256) stays eager on a cold cache and compiles on a
+    warm one; short runs and tests stay eager. A pure function of its arguments: pass
+    ``warm_cache=warm_cache_exists()``.
     """
     steps = _checks.check_count(steps, "steps", minimum=0)
     particles = _checks.check_count(particles, "particles")
