@@ -139,11 +139,14 @@ def _root_cause(error: BaseException) -> str:
 SINGLE_THREAD_BELOW = 1 << 16
 
 
-def _thread_options(first_arg: Any) -> dict:
-    """{"cpp.threads": 1} for a small state (see SINGLE_THREAD_BELOW), else {} (torch's default)."""
-    if not isinstance(first_arg, State):
-        return {}
-    numbers = first_arg.x.numel() + sum(leaf.numel() for leaf in leaves(first_arg.x_tilde))
+def _thread_options(args: tuple) -> dict:
+    """{"cpp.threads": 1} for small inputs (see SINGLE_THREAD_BELOW), else {} (torch's default).
+
+    Counts x and x_tilde of a ``State`` first argument, or every tensor of the arguments otherwise
+    (e.g. the frozen-theta evaluation step's (theta, x, dw))."""
+    first = args[0] if args else None
+    counted = (first.x, first.x_tilde) if isinstance(first, State) else args
+    numbers = sum(leaf.numel() for leaf in leaves(counted) if isinstance(leaf, torch.Tensor))
     return {"cpp.threads": 1} if numbers < SINGLE_THREAD_BELOW else {}
 
 
@@ -165,7 +168,7 @@ class CompiledOrEager:
     def _build(self, args: tuple) -> Callable:
         extra = {}
         if self.options and self.backend == "inductor":
-            extra = {"options": {**_thread_options(args[0]), **self.options}}
+            extra = {"options": {**_thread_options(args), **self.options}}
         return torch.compile(self.eager, fullgraph=self.fullgraph, dynamic=False, backend=self.backend, **extra)
 
     def __call__(self, *args: Any) -> Any:

@@ -73,3 +73,20 @@ def test_cli_compile_flags():
     assert parser.parse_args(["lqr-1d"]).compile is None  # auto
     assert parser.parse_args(["lqr-1d", "--compile"]).compile is True
     assert parser.parse_args(["lqr-1d", "--no-compile"]).compile is False
+
+
+def test_frozen_theta_evaluation_compiled_equals_eager():
+    ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
+    options = dict(particles=50, dt=0.01, steps=60, burn_in=10, seed=3)
+    eager = ft.stationary_cost(ex.sde, ex.theta, torch.zeros(1, dtype=torch.float64), compile=False, **options)
+    traced = ft.stationary_cost(ex.sde, ex.theta, torch.zeros(1, dtype=torch.float64), compile="eager", **options)
+    auto = ft.stationary_cost(ex.sde, ex.theta, torch.zeros(1, dtype=torch.float64), **options)  # short: eager
+    assert math.isclose(traced.mean, eager.mean, rel_tol=1e-12) and auto == eager
+
+
+def test_frozen_theta_evaluation_compiles_only_when_it_pays():
+    from fwdtrain.evaluate import compiles_faster
+
+    assert not compiles_faster(6000, 1000, warm_cache=False)  # the examples' evaluations: eager
+    assert compiles_faster(100_000, 1000, warm_cache=False)
+    assert compiles_faster(40_000, 1000, warm_cache=True) and not compiles_faster(40_000, 1000, warm_cache=False)
