@@ -331,10 +331,11 @@ class Compilation(NamedTuple):
 EAGER_STEP_S = (3.0e-3, 1.0e-6)      # Python + torch.func dispatch of the small ops of one step
 COMPILED_STEP_S = (1.5e-4, 8.3e-8)   # one compiled call per step (0.18 ms at N = 256, measured)
 FUSED_STEP_S = (2.0e-5, 8.3e-8)      # K steps per call through the C++ wrapper (52k steps/s at N = 1)
-# Seconds to compile: one step cold 12.5-23 s (20 s measured at N = 256 under load) / warm 7 s
-# (dynamo still traces); an unrolled chunk grows ~3.5 s per extra step cold (65 s at K = 16) and
-# ~1 s per step warm (dynamo's trace).
-COMPILE_S = {"cold": (20.0, 3.5), "warm": (7.0, 1.0)}
+# Seconds to compile one step at N = 256: cold 13-23 s by load (profile at 13.4 s: dynamo's trace 2.2 s,
+# AOT + inductor lowering 1 s, C++ codegen and gcc ~9 s, loading 1.9 s); warm 4 s (trace 0.9 s, loading
+# the cached module 1.3 s, imports). An unrolled chunk grows ~3.5 s per extra step cold (65 s at K = 16)
+# and ~1 s per step warm (dynamo's trace).
+COMPILE_S = {"cold": (20.0, 3.5), "warm": (4.5, 1.0)}
 FUSE_CHOICES = (4, 8, 16)
 
 
@@ -344,7 +345,7 @@ def choose_compilation(steps: int, particles: int, warm_cache: bool) -> Compilat
     Estimated time = compile time + steps x (fixed + per-particle cost) with the measured
     constants above (fused adds a one-step compile for the gaps between records). With a cold
     cache, compiling one step (20 s) pays off after ~7,000 steps at N = 256 (eager 3.3 ms/step,
-    compiled 0.17 ms), after ~1,600 at N = 10^4; a warm cache (7 s) pays after ~2,300 steps at
+    compiled 0.17 ms), after ~1,600 at N = 10^4; a warm cache (4.5 s) pays after ~1,500 steps at
     N = 256. So the seed run (6,000 steps, N = 256) stays eager on a cold cache and compiles on a
     warm one; short runs and tests stay eager. A pure function of its arguments: pass
     ``warm_cache=warm_cache_exists()``.
