@@ -4,10 +4,12 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import calibration, distributed, examples, noise, schedules, sgdct
+from . import calibration, distributed, ensemble, examples, noise, schedules, sgdct
 from .checkpoint import Checkpoint, load, save
 from .checkpointing import CheckpointWriteError, Checkpointing
 from .compiled import compile_advance, compile_steps
+from .ensemble import Ensemble, PerMember
+from .ensemble import run as run_ensemble
 from .driver import run, step_function
 from .history import History
 from .errors import CheckpointError, DivergenceError
@@ -29,5 +31,5 @@ __all__ = [
     "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
-    "CheckpointWriteError", "Trainable", "CostForm",
+    "CheckpointWriteError", "Trainable", "CostForm", "ensemble", "Ensemble", "PerMember", "run_ensemble",
 ]
