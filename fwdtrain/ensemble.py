@@ -100,7 +100,8 @@ def member_history(history: History, index: int) -> History:
     per_record = {name: getattr(history, name)[:, index] for name in FIELDS[1:] if getattr(history, name) is not None}
     carry = history.carry
     if carry is not None:
-        carry = {**carry, "cost_total": carry["cost_total"][index], "window_total": carry["window_total"][index]}
+        carry = {**carry, **{key: carry[key] if carry[key].ndim == 0 else carry[key][index]  # 0-d: before any step
+                             for key in ("cost_total", "window_total")}}
         noise = carry.get("noise")
         if noise is not None and EnsembleNoise.kind in noise:
             carry["noise"] = noise[EnsembleNoise.kind]["members"][index]
