@@ -233,7 +233,8 @@ class Loop:
         if e.callback is not None and n % e.callback == 0:
             self.callback(n, self.visible(c))
         if self.on_progress is not None and e.progress is not None and (n % e.progress == 0 or n == self.end):
-            self.on_progress(n, c.total / n)
+            average = c.total / n  # with members: the mean over those still running
+            self.on_progress(n, average if self.members is None else average[self.members[0]].mean())
         if is_checkpoint and n != self.end:
             self.record_now()
             write(self.checkpoint, c.state, self.history(c, self.good[1]))

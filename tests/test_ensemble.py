@@ -102,8 +102,10 @@ def test_resume_and_checkpoint_are_bitwise(tmp_path):
 def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on():
     sde, state = gain_state([0.5, 0.5, 0.1])
     lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
+    seen = []
     final, history = en.run(sde, state, 200, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
-                            progress=False)
+                            progress=True, progress_every=10, callback=lambda n, s: seen.append((n, s)), callback_every=5)
+    assert len(seen) == 40 and all(bool(torch.isfinite(s.x).all()) for n, s in seen if n % 10 == 0)  # shown frozen
     with pytest.raises(ft.DivergenceError) as caught:
         single(sde, en.member(state, 1), 200, lrs[1], 1, mode="forward", check_every=10)
     error = caught.value
@@ -177,3 +179,20 @@ def test_helpers_and_errors_before_any_step():
     with pytest.raises(ValueError, match="non-finite entries.*members \\[1\\]"):
         bad = state._replace(x=state.x.clone().index_fill_(0, torch.tensor([1]), float("nan")))
         en.run(sde, bad, 1, DT, 0.1, progress=False)
+
+
+def test_readme_ensemble_example():
+    """The README's "Ensembles" example, run as written with fewer steps and particles."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = re.search(r"## Ensembles\n(.*?)\n## ", text, re.S).group(1)
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    short = block.replace("2_000", "40").replace("particles=64", "particles=4").replace(", 64, stacked", ", 4, stacked")
+    assert short.count("40") >= 1 and "particles=4" in short
+    namespace: dict = {}
+    exec(compile(short, "README.md", "exec"), namespace)
+    history = namespace["history"]
+    assert history.average_cost.shape == (1, 4) and history.diverged.tolist() == [False] * 4
+    assert namespace["member"].theta["weight0"].shape == (1, 16, 1)
