@@ -149,7 +149,8 @@ class Loop:
         if c.info is None or (self.records and self.records[-1].step == c.n):
             return
         g, total_g = self.window
-        cost, grad, average = ((c.total - total_g) / (c.n - g)).to(self.dtype), gradient_norm(self.problem, c.info.gradient), c.total / c.n
+        cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
+        grad, average = gradient_norm(self.problem, c.info.gradient), c.total / c.n
         if self.members is not None:  # a frozen member has no cost or gradient after its freeze
             alive = self.members[0]
             cost, grad, average = (torch.where(alive, value, torch.full_like(value, float("nan")))
@@ -228,6 +229,7 @@ class Loop:
         is_checkpoint = e.checkpoint is not None and n % e.checkpoint == 0
         if is_record or is_checkpoint or n % e.check == 0:
             self.check()
+            c = self.carry  # with members, the check may have frozen some
         if is_record:
             self.record_now()
         if e.callback is not None and n % e.callback == 0:
@@ -391,7 +393,7 @@ def setup(
         total = history.carry["cost_total"].to(device)
         window = (int(history.carry["window_start"]), history.carry["window_total"].to(device))
         if not torch.equal(history.t[-1].to(state.t), state.t):
-            raise ValueError(f"history ends at t = {float(history.t[-1])} but state.t = {float(state.t)}: "
+            raise ValueError(f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
                              f"pass the history that was returned (or saved) with this state")
     members = _members(trainable, initial, history)
     source = _noise_source(trainable, noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)

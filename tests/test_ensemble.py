@@ -99,7 +99,7 @@ def test_resume_and_checkpoint_are_bitwise(tmp_path):
     assert same(member_state, en.member(whole[0], 1))
 
 
-def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on():
+def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     sde, state = gain_state([0.5, 0.5, 0.1])
     lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
     seen = []
@@ -120,6 +120,18 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on():
         alone, alone_history = single(sde, en.member(state, e), 200, lrs[e], e, mode="forward", check_every=10)
         assert same(en.member(final, e), alone)
         assert same(records(en.member_history(history, e)), records(alone_history))
+    # a checkpoint written during the run holds the frozen member frozen, and the flags
+    from fwdtrain.driver import setup
+    assert error.last_finite_step < 100
+    loop = setup(en.Ensemble(sde, 3), state, 200, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
+                 progress=False, checkpoint=ft.Checkpointing(tmp_path / "d.pt", every=100))
+    loop.advance_to(150)
+    saved = ft.load(tmp_path / "d.pt")
+    assert saved.history.diverged.tolist() == [False, True, False] and saved.history.steps == 100
+    assert same(en.member(saved.state, 1), error.state)
+    resumed, _ = en.run(sde, saved.state, 100, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
+                        history=saved.history, progress=False)
+    assert same(resumed, final)
 
 
 def test_all_members_diverged_raises_with_the_frozen_states():
