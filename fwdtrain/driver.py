@@ -439,7 +439,8 @@ def run(
       problem:        what to train: an ``SDE``/``ControlledSDE`` (the cost form, stepped by
                       ``fwdtrain.euler.advance``), a ``calibration.Calibration`` (N even), an
                       ``sgdct.DriftEstimation`` (noise = the observed increments) or any
-                      ``fwdtrain.trainable.Trainable``.
+                      ``fwdtrain.trainable.Trainable``; ``fwdtrain.ensemble.Ensemble`` (E members in
+                      one vmapped step; ``fwdtrain.ensemble.run``) freezes a diverged member and goes on.
       state, dt, lr, mode: as for ``fwdtrain.step``; lr is evaluated as alpha(t_n) on the 0-d
                       tensor t_n (a number becomes a constant 0-d tensor), so nothing is re-traced per step.
       steps:          steps to take in this call.

@@ -167,6 +167,15 @@ def test_compiled_kernels_take_the_ensemble():
     assert same(stepped, expected) and same(fused(state, dw)[0], expected)
 
 
+def test_user_noise_tensor_has_a_member_axis():
+    sde, state = gain_state([0.5, -0.2])
+    noise = torch.randn(12, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(1)) * DT ** 0.5
+    final, _ = en.run(sde, state, 12, DT, 0.5, noise=noise, mode="forward", record_every=6, progress=False)
+    for e in range(2):
+        alone, _ = single(sde, en.member(state, e), 12, 0.5, 0, noise=noise[:, e], mode="forward")
+        assert same(en.member(final, e), alone)
+
+
 def test_helpers_and_errors_before_any_step():
     sde, singles, state = lqr([0, 1, 2])
     assert en.size(state) == 3 and same(en.unstack(state), singles)
