@@ -232,7 +232,8 @@ def _check_history(history: Any) -> History | None:
     records = step.shape[0]
     diverged, frozen_at = history.get("diverged"), history.get("frozen_at")
     if (diverged is None) != (frozen_at is None):
-        raise _Invalid("history['diverged'] and history['frozen_at'] must be given together (an ensemble's) or not at all")
+        raise _Invalid("history['diverged'] and history['frozen_at'] must be given together (an ensemble's) "
+                       "or not at all")
     members = ()
     if diverged is not None:
         diverged = _tensor(diverged, "history['diverged']", ndim=1)

@@ -378,8 +378,8 @@ def setup(
     initial = flags(trainable, state, bound)
     if not bool(initial.all()):
         which = f" (members {torch.nonzero(~initial).flatten().tolist()})" if initial.ndim else ""
-        raise ValueError("the initial state has non-finite entries" + (f" or entries above bound={bound}" if bound else "")
-                         + which)
+        above = f" or entries above bound={bound}" if bound else ""
+        raise ValueError(f"the initial state has non-finite entries{above}{which}")
     if checkpoint is not None:
         probe(checkpoint.path)
     device = state.x.device

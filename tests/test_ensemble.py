@@ -94,6 +94,9 @@ def test_resume_and_checkpoint_are_bitwise(tmp_path):
     assert torch.equal(loaded.history.diverged, half_history.diverged)
     again = en.run(sde, loaded.state, 20, DT, lrs, seed=1, history=loaded.history, record_every=10, progress=False)
     assert same(whole[0], again[0]) and same(records(whole[1]), records(again[1]))
+    ft.save(tmp_path / "bad.pt", half._replace(t=half.t[:2]), half_history)
+    with pytest.raises(ft.CheckpointError, match="one clock per member"):
+        ft.load(tmp_path / "bad.pt")
     # a member's own history continues it alone, as the run with its seed
     member_state, _ = single(sde, en.member(half, 1), 20, 1.0, 2, history=en.member_history(half_history, 1))
     assert same(member_state, en.member(whole[0], 1))
@@ -104,7 +107,8 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
     seen = []
     final, history = en.run(sde, state, 200, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
-                            progress=True, progress_every=10, callback=lambda n, s: seen.append((n, s)), callback_every=5)
+                            progress=True, progress_every=10, callback=lambda n, s: seen.append((n, s)),
+                            callback_every=5)
     assert len(seen) == 40 and all(bool(torch.isfinite(s.x).all()) for n, s in seen if n % 10 == 0)  # shown frozen
     with pytest.raises(ft.DivergenceError) as caught:
         single(sde, en.member(state, 1), 200, lrs[1], 1, mode="forward", check_every=10)
