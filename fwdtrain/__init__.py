@@ -4,10 +4,12 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import calibration, distributed, examples, noise, optim, schedules, sgdct
+from . import calibration, distributed, ensemble, examples, noise, optim, schedules, sgdct
 from .checkpoint import Checkpoint, check_compatible, load, save
 from .checkpointing import CheckpointWriteError, Checkpointing
 from .compiled import cache_dir, choose_compilation, compile_advance, compile_steps
+from .ensemble import Ensemble, PerMember
+from .ensemble import run as run_ensemble
 from .driver import run, step_function
 from .history import History
 from .errors import CheckpointError, DivergenceError
@@ -30,5 +32,5 @@ __all__ = [
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
     "CheckpointWriteError", "Trainable", "CostForm", "optim", "check_compatible", "cache_dir",
-    "choose_compilation", "average_cost",
+    "choose_compilation", "average_cost", "ensemble", "Ensemble", "PerMember", "run_ensemble",
 ]

@@ -188,12 +188,18 @@ def _tree(value: Any, where: str) -> list[tuple[str, Any]]:
 
 
 def _check_state(state: Any) -> State:
-    """State fields: x (N, d) floating, theta a pytree of x's dtype, x_tilde leaves (N, d, *s), t 0-d."""
+    """State fields: x (N, d) floating, theta a pytree of x's dtype, x_tilde leaves (N, d, *s), t 0-d;
+    or an ensemble's (``fwdtrain.ensemble``): x (E, N, d), theta leaves (E, *s), x_tilde (E, N, d, *s), t (E,)."""
     state = _fields(state, "state", State._fields)
-    x = _tensor(state["x"], "state['x']", ndim=2, floating=True)
+    x = _tensor(state["x"], "state['x']", floating=True)
+    if x.ndim not in (2, 3):
+        raise _Invalid(f"state['x'] has shape {tuple(x.shape)}, expected (N, d) or an ensemble's (E, N, d)")
     if 0 in x.shape:
         raise _Invalid(f"state['x'] has shape {tuple(x.shape)}; a state has at least one particle and dimension")
-    _tensor(state["t"], "state['t']", ndim=0, floating=True)
+    members = x.shape[:1] if x.ndim == 3 else ()
+    t = _tensor(state["t"], "state['t']", ndim=len(members), floating=True)
+    if tuple(t.shape) != members:
+        raise _Invalid(f"state['t'] has shape {tuple(t.shape)}, expected {members} (one clock per member)")
     theta = _tree(state["theta"], "state['theta']")
     if not theta:
         raise _Invalid("state['theta'] holds no tensors")
@@ -205,7 +211,9 @@ def _check_state(state: Any) -> State:
         at, at_tilde = "state['theta']" + at, "state['x_tilde']" + at_tilde
         if leaf.dtype != x.dtype or sensitivity.dtype != x.dtype:
             raise _Invalid(f"{at} or {at_tilde} does not have the dtype {x.dtype} of state['x']")
-        expected = (*x.shape, *leaf.shape)
+        if tuple(leaf.shape[:len(members)]) != members:
+            raise _Invalid(f"{at} has shape {tuple(leaf.shape)}, expected a leading member axis {members}")
+        expected = (*x.shape, *leaf.shape[len(members):])
         if tuple(sensitivity.shape) != expected:
             raise _Invalid(f"{at_tilde} has shape {tuple(sensitivity.shape)}, expected {expected} "
                            f"(particles, d, *shape of {at})")
@@ -222,10 +230,23 @@ def _check_history(history: Any) -> History | None:
     if step.is_floating_point() or step.is_complex() or step.dtype == torch.bool:
         raise _Invalid(f"history['step'] has dtype {step.dtype}, expected an integer dtype")
     records = step.shape[0]
+    diverged, frozen_at = history.get("diverged"), history.get("frozen_at")
+    if (diverged is None) != (frozen_at is None):
+        raise _Invalid("history['diverged'] and history['frozen_at'] must be given together (an ensemble's) "
+                       "or not at all")
+    members = ()
+    if diverged is not None:
+        diverged = _tensor(diverged, "history['diverged']", ndim=1)
+        frozen_at = _tensor(frozen_at, "history['frozen_at']", ndim=1)
+        if diverged.dtype != torch.bool or frozen_at.shape != diverged.shape or frozen_at.is_floating_point():
+            raise _Invalid("history['diverged'] must be (E,) bool and history['frozen_at'] (E,) integer")
+        members = tuple(diverged.shape)
     for name in ("t", "cost", "grad_norm", "average_cost"):
         if name == "average_cost" and history.get(name) is None:
             continue
-        value = _tensor(history[name], f"history[{name!r}]", ndim=1)
+        value = _tensor(history[name], f"history[{name!r}]", ndim=1 + len(members))
+        if value.shape[1:] != members:
+            raise _Invalid(f"history[{name!r}] has shape {tuple(value.shape)}, expected (records, *{members})")
         if value.shape[0] != records:
             raise _Invalid(f"history[{name!r}] has {value.shape[0]} records, history['step'] has {records}")
     for at, leaf in _tree(history["theta"], "history['theta']"):

@@ -7,11 +7,16 @@ Exit status:
   2    bad options, or a --checkpoint path that cannot be written (checked before the first step), or a
        --resume checkpoint that is unreadable, damaged, of another problem or shape, saved without a
        history, or resumed with a different --seed
-  3    divergence (the last finite state is saved to --checkpoint when given)
+  3    divergence (the last finite state is saved to --checkpoint when given); with --ensemble only when
+       every member diverged (a member that diverges is frozen, flagged in the results, and the others go on)
   4    training finished but the checkpoint could not be saved: the results are printed, the error
        names the path
   130  interrupted with Ctrl-C (after printing the results so far and saving the checkpoint; a second
        Ctrl-C during the evaluation skips it and still prints the training results)
+
+``--ensemble E`` trains the seeds seed, ..., seed + E - 1 (each its own network and noise, as ``--seed``
+would) in one vmapped run (``fwdtrain.ensemble``) and prints each member's result, then the mean and
+sample standard deviation over the members that did not diverge.
 
 Every problem trains through ``fwdtrain.run`` (``--compile``, ``--fuse``, ``--checkpoint`` and
 ``--resume`` apply to all of them); SGDCT estimates from observed paths in a single process.
@@ -35,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import distributed, examples, plotting, schedules
+from . import distributed, ensemble, examples, plotting, schedules
 from .checkpoint import check_compatible, load, save
 from .checkpointing import Checkpointing, CheckpointWriteError
 from .driver import run
@@ -113,6 +118,8 @@ def _options() -> argparse.ArgumentParser:
     add("--no-plot", action="store_true", help="do not write a plot")
     add("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a terminal)")
     add("--json", action="store_true", help="print one JSON object instead of the table")
+    add("--ensemble", type=_positive_int, metavar="E", help="train seeds seed .. seed+E-1 as one vmapped run "
+        "and print each member's result and the mean and standard deviation over members (no plot)")
     return common
 
 
@@ -244,11 +251,23 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                              lr_offset)
     if grouped and example.data is not None:
         raise ValueError(f"{problem} estimates from observed paths in one process; run it without torchrun")
+    members = _ensemble_size(args, saved, checkpoint is not None)
+    if members is not None:
+        if grouped or example.data is not None:
+            raise ValueError("--ensemble runs in one process, for problems with Brownian noise"
+                             + (f" ({problem} estimates from observed paths)" if example.data is not None else ""))
+        member_examples = [examples.REGISTRY[problem](**{**options, "seed": seed + e}) for e in range(members)]
+        first_state = ensemble.stack([ex.initial_state() for ex in member_examples])
+    else:
+        first_state = example.initial_state()
     if checkpoint is not None:
         state, history = checkpoint.state, checkpoint.history
-        check_compatible(state, example.theta, x0=example.x0, name=f"this problem ({problem})")
+        if members is None:
+            check_compatible(state, example.theta, x0=example.x0, name=f"this problem ({problem})")
+        else:
+            check_compatible(state, first_state.theta, name=f"this ensemble of {members} {problem} runs")
     else:
-        state, history = example.initial_state(), None
+        state, history = first_state, None
     done = history.steps if history is not None else 0
     remaining = max(example.steps - done, 0)
     metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
@@ -256,6 +275,8 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                 "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
     if grouped:
         metadata["world_size"] = size
+    if members is not None:
+        metadata["ensemble"] = members
     saving = Checkpointing(args.checkpoint, args.checkpoint_every, metadata) if args.checkpoint else None
     common = dict(history=history, record_every=args.record_every, checkpoint=saving,
                   progress=False if args.no_progress or args.json else None,
@@ -266,6 +287,8 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
         if grouped:  # the same run on every rank; the group's gradient, per-rank noise
             state, history = distributed.distributed_run(example.trainable, state, remaining, example.dt, lr, seed,
                                                          check_every=min(100, args.record_every), **common)
+        elif members is not None:  # E seeds, one vmapped run
+            state, history = ensemble.run(example.trainable, state, remaining, example.dt, lr, seed, **common)
         else:
             noise = example.data(seed, example.steps) if example.data is not None else None
             state, history = run(example.trainable, state, remaining, example.dt, lr, seed, noise=noise, **common)
@@ -285,8 +308,11 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if not distributed.is_main():
         return {"quiet": True, "interrupted": bool(history.interrupted)}
-    metrics, plot, plot_note, evaluation, cut_short = _evaluate(args, example, problem, state, history, size)
     taken = history.steps - done
+    if members is not None:
+        return _ensemble_result(args, member_examples, problem, state, history, done, wall, lr0, schedule_name,
+                                lr_offset, seed, metadata["dtype"], None if unsaved else args.checkpoint, unsaved)
+    metrics, plot, plot_note, evaluation, cut_short = _evaluate(args, example, problem, state, history, size)
     return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
             "dt": example.dt, "particles": example.particles, "processes": size, "dtype": metadata["dtype"], "lr": lr0,
             "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
@@ -295,6 +321,74 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             "plot": plot, "plot_note": plot_note, "checkpoint": None if unsaved else args.checkpoint,
             "checkpoint_error": unsaved,
             "interrupted": bool(history.interrupted) or cut_short}
+
+
+def _ensemble_size(args: argparse.Namespace, saved: dict, resuming: bool) -> int | None:
+    """E of --ensemble (or of the resumed ensemble); None for a single run. A mismatch is refused."""
+    stored = saved.get("ensemble")
+    if resuming and args.ensemble is not None and stored != args.ensemble:
+        held = f"an ensemble of {stored}" if stored else "a single run"
+        raise ValueError(f"--ensemble {args.ensemble}: --resume {args.resume} holds {held}")
+    return args.ensemble if args.ensemble is not None else stored
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def _ensemble_result(args, member_examples, problem, state, history, done, wall, lr0, schedule_name, lr_offset,
+                     seed, dtype, checkpoint, unsaved) -> dict[str, Any]:
+    """Each member's result (the keys of a single run's) and the mean and spread over the members that did not
+    diverge."""
+    quiet = argparse.Namespace(**{**vars(args), "no_plot": True})
+    taken = history.steps - done
+    results, cut_short = [], False
+    for e, example in enumerate(member_examples):
+        member_state, member_history = ensemble.member(state, e), ensemble.member_history(history, e)
+        metrics, _, note, evaluation, stopped = _evaluate(quiet, example, problem, member_state, member_history, 1)
+        cut_short = cut_short or stopped
+        results.append({
+            "problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(member_state.t),
+            "dt": example.dt, "particles": example.particles, "processes": 1, "dtype": dtype, "lr": lr0,
+            "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
+            or "problem default", "seed": seed + e, "wall_s": wall, "steps_per_s": taken / wall if wall > 0 else 0.0,
+            "evaluate_s": evaluation, "metrics": metrics, "plot": None, "plot_note": note, "checkpoint": None,
+            "interrupted": bool(history.interrupted) or stopped, "diverged": bool(history.diverged[e]),
+            "frozen_at": int(history.frozen_at[e])})
+    kept = [r for r in results if not r["diverged"]]
+    summary = {}
+    for name in (kept[0]["metrics"] if kept else {}):
+        mean, std = _spread([r["metrics"][name]["learned"] for r in kept])
+        summary[name] = {"mean": mean, "std": std, "reference": kept[0]["metrics"][name]["reference"]}
+    return {"problem": problem, "ensemble": len(results), "seeds": [seed, seed + len(results) - 1],
+            "members": results, "summary": summary, "diverged": [r["seed"] for r in results if r["diverged"]],
+            "steps": history.steps, "steps_this_run": taken, "wall_s": wall,
+            "member_steps_per_s": len(results) * taken / wall if wall > 0 else 0.0, "checkpoint": checkpoint,
+            "checkpoint_error": unsaved, "interrupted": bool(history.interrupted) or cut_short}
+
+
+def _ensemble_table(result: dict[str, Any]) -> str:
+    """Each member's table (as a single run prints it), then the mean and spread over members."""
+    blocks = [_table(member) for member in result["members"]]
+    first, last = result["seeds"]
+    kept = result["ensemble"] - len(result["diverged"])
+    lines = [f"ensemble of {result['ensemble']} members (seeds {first}..{last}) in one vmapped run: mean and "
+             f"standard deviation over the {kept} members that did not diverge",
+             f"{'metric':<12}{'mean':>14}{'std':>14}{'reference':>14}"]
+    for name, m in result["summary"].items():
+        lines.append(f"{name:<12}{m['mean']:>14.6g}{m['std']:>14.6g}{m['reference']:>14.6g}")
+    if result["diverged"]:
+        lines.append(f"diverged (frozen, left out): seeds {', '.join(map(str, result['diverged']))}")
+    lines.append(f"steps {result['steps']}, this run {result['steps_this_run']} in {result['wall_s']:.1f} s = "
+                 f"{result['member_steps_per_s']:.0f} member-steps/s")
+    if result["checkpoint"]:
+        lines.append(f"checkpoint: {result['checkpoint']}")
+    if result.get("checkpoint_error"):
+        lines.append(f"checkpoint NOT saved: {result['checkpoint_error']}")
+    return "\n\n".join(blocks + ["\n".join(lines)])
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -307,6 +401,8 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g}{m['relative_error']:>11.2%}")
     lines.append(f"steps {result['steps']} (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
                  f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s")
+    if result.get("diverged"):
+        lines.append(f"diverged: frozen at its last finite state, step {result['frozen_at']}")
     if result["interrupted"]:
         lines.append(f"interrupted at step {result['steps']}" + (f"; checkpoint saved to {result['checkpoint']}"
                                                                if result["checkpoint"] else ""))
@@ -366,7 +462,8 @@ def _main(args: argparse.Namespace, explicit: bool) -> int:
     except (ValueError, TypeError, CheckpointError) as error:
         return fail(str(error), 2)
     if not result.get("quiet"):
-        print(json.dumps(result) if args.json else _table(result))
+        table = _ensemble_table if "ensemble" in result else _table
+        print(json.dumps(result) if args.json else table(result))
         if result.get("checkpoint_error"):
             print(f"fwdtrain: error: {result['checkpoint_error']}", file=sys.stderr)
     if result["interrupted"]:

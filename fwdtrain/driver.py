@@ -5,6 +5,11 @@
 inputs: the same (problem, state, history, noise or seed, options) give bitwise the same
 (state, history), whatever the noise chunk size, and a resumed run equals the uninterrupted one.
 The driver knows only the ``fwdtrain.trainable.Trainable`` protocol, never a concrete problem.
+
+A problem made of independent members (``fwdtrain.ensemble.Ensemble``) adds the protocol's optional
+member hooks (``within`` per member, ``freeze``, ``gradient_norm``, ``noise_source``): a check then
+freezes each failed member at its last state that passed a check and the others go on; the run raises
+``DivergenceError`` only when every member has diverged.
 """
 
 from __future__ import annotations
@@ -96,6 +101,18 @@ def within(state: State, bound: float | None) -> bool:
     return bool(peak <= bound)  # NaN compares False
 
 
+def flags(problem: Trainable, state: State, bound: float | None) -> torch.Tensor:
+    """Bool flags of ``within``: the problem's per-member hook ((E,) for an ensemble), else one 0-d flag."""
+    hook = getattr(problem, "within", None)
+    return hook(state, bound) if hook is not None else torch.tensor(within(state, bound))
+
+
+def gradient_norm(problem: Trainable, gradient: Any) -> torch.Tensor:
+    """|G|: the problem's per-member hook ((E,) for an ensemble), else the norm over every leaf."""
+    hook = getattr(problem, "gradient_norm", None)
+    return hook(gradient) if hook is not None else squared_norm(gradient).sqrt()
+
+
 def _next(n: int, every: int | None) -> int:
     return (n // every + 1) * every if every else sys.maxsize
 
@@ -111,7 +128,8 @@ class Loop:
     def __init__(self, problem: Trainable, kernels: Kernels, schedule: Callable, source: Noise,
                  carry: Carry, end: int, dt: Any, *, events: Events, bound: float | None, chunk: int,
                  record: Callable[[State], Any], previous: History | None, window: tuple[int, torch.Tensor],
-                 callback: Callable | None, checkpoint: Checkpointing | None) -> None:
+                 callback: Callable | None, checkpoint: Checkpointing | None,
+                 members: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.problem, self.kernels, self.schedule, self.source = problem, kernels, schedule, source
         self.carry, self.end, self.dt, self.events, self.bound, self.chunk = carry, end, dt, events, bound, chunk
         self.record, self.previous, self.window = record, previous, window
@@ -121,6 +139,8 @@ class Loop:
         self.dtype = carry.state.x.dtype
         self.good = (carry, source.state_dict(carry.n))  # the last carry known finite, with its noise position
         self.on_progress: Callable[[int, torch.Tensor], Any] | None = None
+        # members only (a problem with a ``freeze`` hook): (alive (E,) bool, frozen_at (E,) int64, -1 = running)
+        self.members = members
 
     # ---- records ----
     def record_now(self, c: Carry | None = None) -> None:
@@ -129,8 +149,13 @@ class Loop:
         if c.info is None or (self.records and self.records[-1].step == c.n):
             return
         g, total_g = self.window
-        self.records.append(Record(c.n, c.state.t, ((c.total - total_g) / (c.n - g)).to(self.dtype),
-                                   squared_norm(c.info.gradient).sqrt(), c.total / c.n, self.record(c.state)))
+        cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
+        grad, average = gradient_norm(self.problem, c.info.gradient), c.total / c.n
+        if self.members is not None:  # a frozen member has no cost or gradient after its freeze
+            alive = self.members[0]
+            cost, grad, average = (torch.where(alive, value, torch.full_like(value, float("nan")))
+                                   for value in (cost, grad, average))
+        self.records.append(Record(c.n, c.state.t, cost, grad, average, self.record(c.state)))
         if c.n % self.events.record == 0:
             self.window = (c.n, c.total)
 
@@ -140,8 +165,10 @@ class Loop:
         carried = {"noise": self.source.state_dict(c.n) if noise_state is None else noise_state,
                    "cost_total": c.total, "window_start": torch.tensor(self.window[0], dtype=torch.int64),
                    "window_total": self.window[1]}
+        alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(self.records, self.empty, carry=carried, interrupted=interrupted, dtype=self.dtype,
-                     device=c.state.x.device, previous=self.previous)
+                     device=c.state.x.device, previous=self.previous,
+                     diverged=None if alive is None else ~alive, frozen_at=frozen_at)
 
     # ---- checks ----
     def diverged(self, n: int) -> DivergenceError:
@@ -149,31 +176,58 @@ class Loop:
         last, noise_state = self.good  # no record is ever taken after the last passed check
         self.record_now(last)
         limit = f" or exceeded bound={self.bound}" if self.bound is not None else ""
-        t0 = float(last.state.t)
+        t0 = float(last.state.t.amax())  # with members: every one has diverged, each frozen where it last passed
+        run = "the run" if self.members is None else "every member of the ensemble"
         return DivergenceError(
-            f"the run diverged: x, x_tilde or theta became non-finite{limit} between step {last.n} and "
+            f"{run} diverged: x, x_tilde or theta became non-finite{limit} between step {last.n} and "
             f"step {n} (t = {t0:.6g} to {t0 + (n - last.n) * float(self.dt):.6g}); "
             f"the last finite state (step {last.n}) is in error.state; try a smaller lr or dt",
             step=n, last_finite_step=last.n, state=last.state, history=self.history(last, noise_state))
 
     def check(self) -> None:
-        """Raise ``DivergenceError`` unless the current state is finite (and within the bound)."""
-        if not within(self.carry.state, self.bound):
-            raise self.diverged(self.carry.n)
-        self.good = (self.carry, self.source.state_dict(self.carry.n))
+        """Raise ``DivergenceError`` unless the current state is finite (and within the bound).
+
+        With members: a member that fails is frozen at its state of the last passed check (``freeze``)
+        and flagged; the error is raised only when no member is left running.
+        """
+        c = self.carry
+        ok = flags(self.problem, c.state, self.bound)
+        if self.members is None:
+            if not bool(ok.all()):
+                raise self.diverged(c.n)
+        else:
+            alive, frozen_at = self.members
+            running, good = alive & ok, self.good[0]
+            frozen_at = torch.where(alive & ~ok, torch.tensor(good.n), frozen_at)
+            if not bool(running.any()):  # every member has diverged: the run has
+                self.record_now(good)
+                self.members = (running, frozen_at)
+                raise self.diverged(c.n)
+            if not bool(running.all()):  # freeze the failed members (and reset the frozen ones) at the last pass
+                c = Carry(self.problem.freeze(good.state, c.state, running), c.n,
+                          torch.where(running, c.total, good.total), c.info)
+                self.carry = c
+            self.members = (running, frozen_at)
+        self.good = (c, self.source.state_dict(c.n))
         self.check_learning_rate()
 
     def check_learning_rate(self) -> None:
         """Raise ``DivergenceError`` (carrying the current state) if alpha(t_n) is not a finite number >= 0."""
         c = self.carry
         try:
-            _checks.check_alpha(self.schedule(c.state.t), c.state.t, self.schedule)
+            check_learning_rate(self.schedule, c.state.t, self.schedule)
         except (TypeError, ValueError) as error:
             self.record_now(c)
             raise DivergenceError(f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
                                   f"check, check_every steps) with the state reached in error.state", step=c.n,
                                   last_finite_step=c.n, state=c.state,
                                   history=self.history(c, self.good[1])) from error
+
+    def visible(self, c: Carry) -> State:
+        """The state a callback sees: with members, the frozen ones at their frozen state."""
+        if self.members is None or bool(self.members[0].all()):
+            return c.state
+        return self.problem.freeze(self.good[0].state, c.state, self.members[0])
 
     # ---- the loop ----
     def _next_event(self, n: int, stop: int) -> int:
@@ -188,12 +242,14 @@ class Loop:
         is_checkpoint = e.checkpoint is not None and n % e.checkpoint == 0
         if is_record or is_checkpoint or n % e.check == 0:
             self.check()
+            c = self.carry  # with members, the check may have frozen some
         if is_record:
             self.record_now()
         if e.callback is not None and n % e.callback == 0:
-            self.callback(n, c.state)
+            self.callback(n, self.visible(c))
         if self.on_progress is not None and e.progress is not None and (n % e.progress == 0 or n == self.end):
-            self.on_progress(n, c.total / n)
+            average = c.total / n  # with members: the mean over those still running
+            self.on_progress(n, average if self.members is None else average[self.members[0]].mean())
         if is_checkpoint and n != self.end:
             self.record_now()
             write(self.checkpoint, c.state, self.history(c, self.good[1]))
@@ -236,11 +292,31 @@ def _schedule(lr: LearningRate, state: State) -> Callable:
     return lambda t: alpha  # noqa: E731
 
 
-def _noise_source(noise: NoiseLike, history: History | None, seed: int, shape: tuple[int, ...], dt: Any,
-                  start: int, state: State) -> Noise:
-    """The noise positioned at step ``start``: the user's, the history's, or ``BrownianNoise(shape, dt, seed)``."""
+def _members(trainable: Trainable, initial: torch.Tensor, history: History | None
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(alive, frozen_at) for a problem with members (a ``freeze`` hook), continued from the history; else None."""
+    if getattr(trainable, "freeze", None) is None:
+        return None
+    if history is not None and history.diverged is not None:
+        if history.diverged.shape != initial.shape:
+            raise ValueError(f"the history has {history.diverged.shape[0]} members, the state {initial.shape[0]}")
+        return ~history.diverged.to(torch.bool), history.frozen_at.to(torch.int64)
+    return torch.ones_like(initial, dtype=torch.bool), torch.full(initial.shape, -1, dtype=torch.int64)
+
+
+def _noise_source(trainable: Trainable, noise: NoiseLike, history: History | None, seed: int,
+                  shape: tuple[int, ...], dt: Any, start: int, state: State) -> Noise:
+    """The noise positioned at step ``start``: the user's, the history's, or ``BrownianNoise(shape, dt, seed)``
+    (the problem's own ``noise_source(seed, dt, state, saved)`` hook, when it has one, for the last two)."""
     dtype, device = state.x.dtype, state.x.device
     source = as_noise(noise)
+    hook = getattr(trainable, "noise_source", None)
+    if source is None and hook is not None:
+        source = hook(seed, dt, state, history.noise if history is not None else None)
+        if source.position != start:
+            raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
+                             f"pass the history saved with this state (it carries the noise position)")
+        return source
     if source is None and history is not None and history.noise is not None:
         if BrownianNoise.kind not in history.noise:
             raise ValueError(f"the history was produced with user-supplied noise ({', '.join(history.noise)}); "
@@ -284,6 +360,20 @@ def _check_options(steps, record_every, chunk, check_every, progress_every, call
     return steps, record_every, chunk, check_every, progress_every, callback_every, fuse
 
 
+def check_learning_rate(schedule: Callable, t: torch.Tensor, lr: Any) -> None:
+    """``_checks.check_alpha`` of alpha = schedule(t); with members (t of shape (E,)) for each member's alpha."""
+    alpha = schedule(t)
+    if t.ndim == 0:
+        _checks.check_alpha(alpha, t, lr)
+        return
+    alphas = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
+    if alphas.shape not in ((), t.shape):
+        raise ValueError(f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
+                         f"expected one value per member, ({t.shape[0]},)")
+    for t_e, alpha_e in zip(t, alphas.expand(t.shape)):
+        _checks.check_alpha(alpha_e, t_e, lr)
+
+
 def _compilation(compile: bool | str, fuse: int, steps: int, state: State) -> tuple[bool | str, int]:
     """``compile="auto"``: eager, compiled or fused, whichever ``choose_compilation`` estimates finishes the
     ``steps`` soonest (short runs stay eager; a warm on-disk cache makes compiling pay off sooner).
@@ -294,7 +384,8 @@ def _compilation(compile: bool | str, fuse: int, steps: int, state: State) -> tu
         return True, fuse
     from .compiled import choose_compilation, warm_cache_exists  # deferred: importing torch._dynamo takes seconds
 
-    chosen = choose_compilation(steps, state.particles, warm_cache=warm_cache_exists())
+    particles = state.x.shape[:-1].numel()  # all of them: N, or E x N for an ensemble
+    chosen = choose_compilation(steps, particles, warm_cache=warm_cache_exists())
     return chosen.compile, chosen.fuse
 
 
@@ -321,7 +412,7 @@ def setup(
     trainable.check(state, dt, lr)
     schedule = _schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
-        _checks.check_alpha(schedule(t), t, lr)
+        check_learning_rate(schedule, t, lr)
     compile, fuse = _compilation(compile, fuse, steps, state)
     resolved = trainable.resolve_mode(state, mode)
     compiling = compile is not False or fuse > 1
@@ -329,8 +420,11 @@ def setup(
         # torch 2.13's dynamo cannot trace forward mode (jvp under vmap fails in fake-tensor propagation,
         # so the compiled step would fall back to eager): compile the reverse-mode step instead
         resolved = "reverse"
-    if not within(state, bound):
-        raise ValueError("the initial state has non-finite entries" + (f" or entries above bound={bound}" if bound else ""))
+    initial = flags(trainable, state, bound)
+    if not bool(initial.all()):
+        which = f" (members {torch.nonzero(~initial).flatten().tolist()})" if initial.ndim else ""
+        above = f" or entries above bound={bound}" if bound else ""
+        raise ValueError(f"the initial state has non-finite entries{above}{which}")
     if checkpoint is not None:
         probe(checkpoint.path)
     device = state.x.device
@@ -344,9 +438,10 @@ def setup(
         total = history.carry["cost_total"].to(device)
         window = (int(history.carry["window_start"]), history.carry["window_total"].to(device))
         if not torch.equal(history.t[-1].to(state.t), state.t):
-            raise ValueError(f"history ends at t = {float(history.t[-1])} but state.t = {float(state.t)}: "
+            raise ValueError(f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
                              f"pass the history that was returned (or saved) with this state")
-    source = _noise_source(noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)
+    members = _members(trainable, initial, history)
+    source = _noise_source(trainable, noise, history, seed, tuple(trainable.noise_shape(state)), dt, start, state)
     chosen = kernels(trainable, dt, resolved, reduce, schedule, True if compile is False and compiling else compile, fuse)
     show = steps > 0 and progress_enabled(progress)
     events = Events(record_every, check_every, callback_every if callback is not None else None,
@@ -354,7 +449,7 @@ def setup(
     record = trainable.record if record is None else record
     return Loop(trainable, chosen, schedule, source, Carry(state, start, total, None), start + steps, dt,
                 events=events, bound=bound, chunk=chunk, record=record, previous=history, window=window,
-                callback=callback, checkpoint=checkpoint)
+                callback=callback, checkpoint=checkpoint, members=members)
 
 
 def run(
@@ -388,7 +483,8 @@ def run(
       problem:        what to train: an ``SDE``/``ControlledSDE`` (the cost form, stepped by
                       ``fwdtrain.euler.advance``), a ``calibration.Calibration`` (N even), an
                       ``sgdct.DriftEstimation`` (noise = the observed increments) or any
-                      ``fwdtrain.trainable.Trainable``.
+                      ``fwdtrain.trainable.Trainable``; ``fwdtrain.ensemble.Ensemble`` (E members in
+                      one vmapped step; ``fwdtrain.ensemble.run``) freezes a diverged member and goes on.
       state, dt, lr, mode: as for ``fwdtrain.step``; lr is evaluated as alpha(t_n) on the 0-d
                       tensor t_n (a number becomes a constant 0-d tensor), so nothing is re-traced per step.
       steps:          steps to take in this call.
@@ -440,8 +536,7 @@ def run(
             loop.advance_to(loop.end)
         except KeyboardInterrupt:
             interrupted = True
-            if not within(loop.carry.state, bound):
-                raise loop.diverged(loop.carry.n) from None
+            loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
             loop.record_now()
     finally:
         if bar is not None:
@@ -454,5 +549,6 @@ def run(
     return loop.carry.state, result
 
 
-__all__ = ["run", "setup", "Loop", "Carry", "Kernels", "Events", "kernels", "step_function", "within",
+__all__ = ["run", "setup", "Loop", "Carry", "Kernels", "Events", "kernels", "step_function", "within", "flags",
+           "gradient_norm",
            "Checkpointing", "History"]

@@ -36,6 +36,13 @@ class History(NamedTuple):
     carry:             what a continuation needs: the noise position after the last record and the
                        running cost sums (a dict of tensors; saved in checkpoints).
     interrupted:       0-d bool tensor, True when the run was stopped by KeyboardInterrupt.
+    diverged:          ensembles only (None otherwise): (E,) bool, member e diverged and is frozen.
+    frozen_at:         ensembles only: (E,) int64, the step of member e's last finite state (the one it is
+                       frozen at; its records after that step hold NaN costs), -1 for a member still running.
+
+    In an ensemble (``fwdtrain.ensemble``) every per-record field but ``step`` has a member axis after the
+    record axis: t, cost, grad_norm, average_cost (R, E), theta leaves (R, E, *s);
+    ``fwdtrain.ensemble.member_history(history, e)`` is member e's own History.
 
     Every leaf is a tensor, so a History is a pytree like the State (``tree_map`` works on it).
     The last record is always the final state of the run; pass the history back to
@@ -50,6 +57,8 @@ class History(NamedTuple):
     average_cost: torch.Tensor | None = None
     carry: dict | None = None
     interrupted: torch.Tensor | None = None
+    diverged: torch.Tensor | None = None
+    frozen_at: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -89,8 +98,9 @@ def empty_records(example: Any) -> Any:
 
 
 def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = None, interrupted: bool = False,
-          dtype: torch.dtype, device: torch.device | None = None, previous: History | None = None) -> History:
-    """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flag replaced)."""
+          dtype: torch.dtype, device: torch.device | None = None, previous: History | None = None,
+          diverged: torch.Tensor | None = None, frozen_at: torch.Tensor | None = None) -> History:
+    """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced)."""
     if records:
         step = torch.tensor([r.step for r in records], dtype=torch.long)
         t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))
@@ -100,21 +110,22 @@ def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = N
         t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
         average = torch.zeros(0, dtype=torch.float64, device=device)
         theta = empty_theta
-    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted))
+    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at)
     if previous is not None and len(previous.step):
         return concatenate([previous, new])
     return new
 
 
 def concatenate(pieces: Sequence[History]) -> History | None:
-    """The records of ``pieces`` one after the other, with the last piece's carry and flag (None for no pieces)."""
+    """The records of ``pieces`` one after the other, with the last piece's carry and flags (None for no pieces)."""
     pieces = [piece for piece in pieces if piece is not None]
     if not pieces:
         return None
     last = pieces[-1]
     kept = [piece for piece in pieces if len(piece.step)] or [last]
     if len(kept) == 1:
-        return kept[0]._replace(carry=last.carry, interrupted=last.interrupted)
+        return kept[0]._replace(carry=last.carry, interrupted=last.interrupted, diverged=last.diverged,
+                                frozen_at=last.frozen_at)
     return last._replace(**{name: torch.cat([getattr(p, name) for p in kept]) for name in FIELDS},
                          theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]))
 

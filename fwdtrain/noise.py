@@ -137,12 +137,13 @@ class BrownianNoise:
 
 
 class TensorNoise:
-    """User increments: row n of ``increments`` (steps, N, m) is dW_n, n counted from the start of training."""
+    """User increments: row n of ``increments`` (steps, N, m) is dW_n, n counted from the start of training
+    ((steps, E, N, m) for an ensemble: ``fwdtrain.ensemble``)."""
 
     kind = "tensor"
 
     def __init__(self, increments: torch.Tensor, position: int = 0) -> None:
-        if not isinstance(increments, torch.Tensor) or increments.ndim != 3:
+        if not isinstance(increments, torch.Tensor) or increments.ndim < 3:  # an ensemble's: (steps, E, N, m)
             raise ValueError(f"noise must be a (steps, particles, m) tensor of increments, got "
                              f"{getattr(increments, 'shape', type(increments).__name__)}")
         if not increments.is_floating_point():

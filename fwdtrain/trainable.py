@@ -11,6 +11,15 @@ Every kind of online training in fwdtrain is a pure step of a ``State`` driven b
 
 The driver (``fwdtrain.driver``) knows this protocol only; a new kind of problem adds a
 module that implements it and touches no loop.
+
+Optional member hooks, for a problem made of E independent members (``fwdtrain.ensemble.Ensemble``):
+
+  within(state, bound) -> (E,) bool     member e finite (and within bound)
+  freeze(good, new, running) -> State   new where running, good elsewhere (per member, branch-free)
+  gradient_norm(gradient) -> (E,)       |G_e| per member, for the records
+  noise_source(seed, dt, state, saved)  the members' noise source (from the history's ``saved`` position)
+
+With them the driver freezes a diverged member at its last checked state and goes on with the others.
 """
 
 from __future__ import annotations

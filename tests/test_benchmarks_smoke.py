@@ -124,3 +124,10 @@ def test_jax_hand_computes_what_fwdtrain_computes():
         np.testing.assert_allclose(np.asarray(hand.x_tilde[key]), leaf[:, 0].numpy(), rtol=1e-4, atol=1e-5)
     for key, leaf in state.theta.items():
         np.testing.assert_allclose(np.asarray(hand.theta[key]), leaf.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_bench_ensemble_quick(tmp_path):
+    rows = run_module("bench_ensemble", tmp_path, "--quick")["rows"]
+    assert [row["variant"] for row in rows] == ["single", "sequential", "ensemble"]
+    assert all(row["member_steps_per_s"] > 0 for row in rows)
+    assert rows[-1]["max_member_difference"] < 1e-4  # the ensemble's last member is the run alone, to rounding

@@ -174,3 +174,24 @@ def test_each_problem_has_its_own_one_line_help(capsys):
     for name, builder in examples.REGISTRY.items():
         assert builder.summary and "\n" not in builder.summary
         assert builder.summary[:40] in " ".join(out.split()), name
+
+
+def test_ensemble_prints_each_member_and_the_spread(registry, tmp_path, capsys):
+    """--ensemble 2: seeds 0 and 1 in one vmapped run; member 1 is the run with --seed 1."""
+    assert cli.main(["tiny", "--steps", "30", "--ensemble", "2", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("fwdtrain tiny:") == 2 and "seed 0" in out and "seed 1" in out
+    assert re.search(r"ensemble of 2 members \(seeds 0\.\.1\).*\n.*mean\s+std\s+reference\n(slope|cost)", out)
+    path = tmp_path / "e.pt"
+    assert cli.main(["tiny", "--steps", "30", "--ensemble", "2", "--json", "--checkpoint", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [m["seed"] for m in result["members"]] == [0, 1] and result["diverged"] == []
+    slopes = [m["metrics"]["slope"]["learned"] for m in result["members"]]
+    assert result["summary"]["slope"]["mean"] == pytest.approx(sum(slopes) / 2)
+    assert result["summary"]["slope"]["std"] == pytest.approx(abs(slopes[0] - slopes[1]) / 2 ** 0.5)
+    assert cli.main(["tiny", "--steps", "30", "--seed", "1", "--json", "--no-plot"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"]["slope"]["learned"] == slopes[1]
+    assert cli.main(["tiny", "--resume", str(path), "--steps", "40", "--json", "--no-plot"]) == 0
+    assert json.loads(capsys.readouterr().out)["ensemble"] == 2
+    assert cli.main(["tiny", "--resume", str(path), "--ensemble", "3", "--no-plot"]) == 2
+    assert "holds an ensemble of 2" in capsys.readouterr().err

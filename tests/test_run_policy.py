@@ -90,3 +90,14 @@ def test_frozen_theta_evaluation_compiles_only_when_it_pays():
     assert not compiles_faster(6000, 1000, warm_cache=False)  # the examples' evaluations: eager
     assert compiles_faster(100_000, 1000, warm_cache=False)
     assert compiles_faster(40_000, 1000, warm_cache=True) and not compiles_faster(40_000, 1000, warm_cache=False)
+
+
+def test_ensemble_learning_rates_are_checked_per_member_at_both_ends():
+    sde, _ = linear_problem()
+    theta = {"k": torch.tensor(0.2, dtype=torch.float64)}
+    states = ft.ensemble.init(sde, theta, torch.ones(1, dtype=torch.float64), 4, members=3)
+    with pytest.raises(ValueError, match=r"returned -2.5 at t = 3"):
+        ft.run_ensemble(sde, states, 300, DT, lambda t: 0.5 - t, progress=False)
+    final, history = ft.run_ensemble(sde, states, 20, DT, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
+                                     progress=False)
+    assert final.t.shape == (3,) and not bool(history.diverged.any())

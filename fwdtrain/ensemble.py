@@ -1,0 +1,353 @@
+"""Ensembles: E independent experiments stepped as one batched computation.
+
+A member is an ordinary training run: its own theta0, x0, noise seed and learning rate.
+The ensemble's state is the same ``State`` NamedTuple with a leading member axis E on every
+leaf (``t`` included), and its step is ``torch.func.vmap`` of the member's step:
+
+    state  = (x (E, N, d), x_tilde (E, N, d, *s), theta (E, *s), t (E,))
+    advance_E(state, dW (E, N, m), alpha (E,)) = vmap(advance)(state, dW, alpha)
+
+Members never interact: member e of the ensemble is the run of its theta0, x0, lr and seed
+alone, with the noise ``BrownianNoise(seed_e)`` a single run draws. Batching changes only
+the order in which BLAS sums a matrix product (mm for one run, bmm for E): a problem with
+a matrix product (an MLP control) agrees with the single runs to a few ulp per step, an
+elementwise problem bitwise (tests/test_ensemble.py).
+
+``Ensemble(problem, E)`` is a ``fwdtrain.trainable.Trainable`` with the driver's member hooks,
+so ``fwdtrain.run``, ``compile``/``fuse``, checkpoints and resume work unchanged. At a check
+a member that is non-finite (or beyond ``bound``) is frozen at its state of the last passed
+check (``freeze``: ``torch.where`` per member, no branch in the step) and flagged in
+``History.diverged`` / ``History.frozen_at``; the others go on. ``run`` raises
+``DivergenceError`` only when every member has diverged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+from torch.func import vmap
+
+from . import _checks
+from ._tree import leaves, leaves_with_paths, squared_norm, tree_map
+from .driver import run as _run_driver
+from .euler import GradientReduce, StepInfo
+from .history import FIELDS, History
+from .noise import BrownianNoise
+from .sensitivity import Mode
+from .state import State
+from .state import init as _init_member
+from .trainable import Trainable, as_trainable
+
+Tree = Any
+
+
+# ---- pytrees with a member axis ----
+
+def stack(trees: Sequence[Tree]) -> Tree:
+    """The pytrees ``trees`` (same structure) stacked along a new leading member axis."""
+    if len(trees) < 1:
+        raise ValueError("an ensemble needs at least one member, got none")
+    return tree_map(lambda *parts: torch.stack(parts), *trees)
+
+
+def size(tree: Tree) -> int:
+    """E, the leading member axis shared by every leaf; ValueError naming the leaves if they disagree."""
+    pairs = leaves_with_paths(tree)
+    sizes = {leaf.shape[0] if leaf.ndim else None for _, leaf in pairs}
+    if len(sizes) != 1 or None in sizes:
+        shapes = ", ".join(f"{path}: {tuple(leaf.shape)}" for path, leaf in pairs[:8])
+        raise ValueError(f"an ensemble needs one leading member axis E on every leaf (t included), "
+                         f"got {shapes}")
+    return sizes.pop()
+
+
+def member(tree: Tree, index: int) -> Tree:
+    """Member ``index`` of an ensemble pytree (every leaf indexed on its leading axis)."""
+    return tree_map(lambda leaf: leaf[index], tree)
+
+
+def unstack(tree: Tree) -> list[Tree]:
+    """The members of an ensemble pytree, as a list."""
+    return [member(tree, e) for e in range(size(tree))]
+
+
+def init(sde: Any, theta: Tree, x0: torch.Tensor, particles: int | None = None, *, members: int | None = None,
+         stacked: bool = False) -> State:
+    """The ensemble's state at t = 0: ``fwdtrain.init`` per member, stacked on a leading axis E.
+
+    ``stacked=False``: theta and x0 are shared, copied ``members`` = E times. ``stacked=True``: theta's
+    leaves carry a leading member axis E (theta0_e per member) and x0 is (E, d) per member or a
+    shared (d,); ``members``, if given, must equal E.
+    """
+    if not stacked:
+        if members is None:
+            raise ValueError("ensemble.init needs members=E (or stacked=True with a member axis on theta)")
+        count = _checks.check_count(members, "members (the ensemble size E)")
+        return stack([_init_member(sde, theta, x0, particles) for _ in range(count)])
+    count = size(theta)
+    if members is not None and _checks.check_count(members, "members (the ensemble size E)") != count:
+        raise ValueError(f"members={members} but theta's leaves have a member axis of {count}")
+    if not isinstance(x0, torch.Tensor) or x0.ndim not in (1, 2) or (x0.ndim == 2 and x0.shape[0] != count):
+        raise ValueError(f"x0 must be a shared (d,) or one row per member ({count}, d), "
+                         f"got {getattr(x0, 'shape', type(x0).__name__)}")
+    return stack([_init_member(sde, member(theta, e), x0 if x0.ndim == 1 else x0[e], particles)
+                  for e in range(count)])
+
+
+def member_history(history: History, index: int) -> History:
+    """Member ``index``'s own History (what a single run records; it continues with ``fwdtrain.run``)."""
+    per_record = {name: getattr(history, name)[:, index] for name in FIELDS[1:] if getattr(history, name) is not None}
+    carry = history.carry
+    if carry is not None:
+        carry = {**carry, **{key: carry[key] if carry[key].ndim == 0 else carry[key][index]  # 0-d: before any step
+                             for key in ("cost_total", "window_total")}}
+        noise = carry.get("noise")
+        if noise is not None and EnsembleNoise.kind in noise:
+            carry["noise"] = noise[EnsembleNoise.kind]["members"][index]
+    return history._replace(**per_record, theta=tree_map(lambda leaf: leaf[:, index], history.theta), carry=carry,
+                            diverged=None, frozen_at=None)
+
+
+# ---- learning rates per member ----
+
+class PerMember(NamedTuple):
+    """A schedule with per-member parameters: alpha_e(t_e) = factory(**{k: params[k][e]})(t_e).
+
+    ``PerMember(schedules.inverse_time, {"scale": torch.tensor([1., 5., 10.]), "offset": torch.full((3,), 20.)})``.
+    Called on the members' clocks t (E,) it returns alpha (E,) (``vmap`` over the members).
+    """
+
+    factory: Callable[..., Callable[[torch.Tensor], Any]]
+    params: dict
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return vmap(lambda ti, p: _as_rate(self.factory(**p)(ti), ti))(t, self.params)
+
+
+def _as_rate(alpha: Any, t: torch.Tensor) -> torch.Tensor:
+    return alpha if isinstance(alpha, torch.Tensor) else torch.as_tensor(alpha, dtype=t.dtype)
+
+
+def rates(lr: Any, members: int) -> Any:
+    """The ensemble's learning rate from what a user passes, for ``fwdtrain.run`` of an ``Ensemble``.
+
+    A number or 0-d tensor: the same for every member. A sequence or (E,) tensor: one constant per
+    member. A ``PerMember``: as it is. Any other schedule t -> alpha: the same schedule, evaluated on
+    each member's clock (``vmap`` over t (E,)). Wrong lengths raise before anything is stepped.
+    """
+    if isinstance(lr, PerMember):
+        if not callable(lr.factory) or not isinstance(lr.params, dict) or not lr.params:
+            raise TypeError("PerMember(factory, params) needs a schedule factory and a non-empty dict of tensors")
+        for name, value in lr.params.items():
+            if not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != members:
+                raise ValueError(f"PerMember params[{name!r}] must be a tensor with a leading axis of {members} "
+                                 f"members, got {getattr(value, 'shape', type(value).__name__)}")
+        return lr
+    if callable(lr):
+        return _Shared(lr)
+    if isinstance(lr, (list, tuple)):
+        lr = torch.tensor([float(v) for v in lr], dtype=torch.float64)
+    if isinstance(lr, torch.Tensor) and lr.ndim == 1:
+        if lr.shape[0] != members:
+            raise ValueError(f"a per-member learning rate needs {members} entries (one per member), "
+                             f"got shape {tuple(lr.shape)}")
+        if not lr.is_floating_point():
+            raise TypeError(f"per-member learning rates must be floating, got dtype {lr.dtype}")
+        if _checks.is_concrete(lr) and not bool((torch.isfinite(lr) & (lr >= 0)).all()):
+            raise ValueError(f"per-member learning rates must be finite and >= 0, got {lr.tolist()}")
+        return lr
+    _checks.check_lr(lr)
+    return lr
+
+
+class _Shared(NamedTuple):
+    """One schedule for every member, on each member's own clock: alpha (E,) = vmap(schedule)(t (E,))."""
+
+    schedule: Callable[[torch.Tensor], Any]
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return vmap(lambda ti: _as_rate(self.schedule(ti), ti))(t)
+
+
+# ---- noise ----
+
+class EnsembleNoise:
+    """One ``BrownianNoise`` per member, drawn together: ``draw(count) -> (count, E, N, m)``.
+
+    Member e's increments are exactly those its source gives alone (same seed, same stream),
+    so member e sees the noise of ``fwdtrain.run(..., seed=seeds[e])``.
+    """
+
+    kind = "ensemble"
+
+    def __init__(self, sources: Sequence[BrownianNoise]) -> None:
+        if len(sources) < 1:
+            raise ValueError("an ensemble needs at least one noise source")
+        self.sources = [source.copy() for source in sources]
+        self.shape = (len(self.sources), *self.sources[0].shape)
+
+    @classmethod
+    def brownian(cls, seeds: Sequence[int], shape: tuple[int, int], dt: float, *, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> "EnsembleNoise":
+        """Member e draws ``BrownianNoise(shape, dt, seed=seeds[e])``: the stream of a run with that seed."""
+        return cls([BrownianNoise(shape, dt, seed=int(seed), dtype=dtype, device=device) for seed in seeds])
+
+    @property
+    def position(self) -> int:
+        return self.sources[0].position
+
+    def draw(self, count: int) -> torch.Tensor:
+        return torch.stack([source.draw(count) for source in self.sources], dim=1)
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """``{"ensemble": {"members": [member e's BrownianNoise.state_dict]}}`` at ``position``."""
+        return {self.kind: {"members": [source.state_dict(position) for source in self.sources]}}
+
+    @classmethod
+    def from_state_dict(cls, data: dict[str, Any], dtype: torch.dtype, device: torch.device | str = "cpu"
+                        ) -> "EnsembleNoise":
+        if not isinstance(data, dict) or cls.kind not in data:
+            kinds = ", ".join(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"the history's noise is not an ensemble's (it holds {kinds}); continue an ensemble "
+                             f"with the history its run returned")
+        return cls([BrownianNoise.from_state_dict(item, dtype, device) for item in data[cls.kind]["members"]])
+
+    def copy(self) -> "EnsembleNoise":
+        return EnsembleNoise(self.sources)
+
+    def __repr__(self) -> str:
+        return f"EnsembleNoise({len(self.sources)} members, position={self.position})"
+
+
+# ---- the Trainable ----
+
+def _per_member(leaf: torch.Tensor) -> torch.Tensor:
+    """max |.| over everything but the member axis: (E, ...) -> (E,)."""
+    return leaf.detach().abs().reshape(leaf.shape[0], -1).amax(1)
+
+
+class Ensemble(NamedTuple):
+    """E independent runs of ``problem`` as one ``Trainable``: its step is ``vmap`` of the member's step.
+
+    ``seeds`` (optional, E ints): the members' noise seeds; None means seed, seed + 1, ..., seed + E - 1
+    for the ``seed`` that ``run`` is given.
+    """
+
+    problem: Any
+    size: int
+    seeds: tuple[int, ...] | None = None
+
+    @property
+    def member_problem(self) -> Trainable:
+        return as_trainable(self.problem)
+
+    def validate(self) -> "Ensemble":
+        """Self, after checking size and seeds (clear errors before anything is stepped)."""
+        _checks.check_count(self.size, "ensemble size E")
+        if self.seeds is not None:
+            if len(self.seeds) != self.size or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                       for s in self.seeds):
+                raise ValueError(f"seeds must be {self.size} ints (one per member), got {self.seeds!r}")
+        as_trainable(self.problem)
+        return self
+
+    def check_state(self, state: State) -> None:
+        """Every leaf of ``state`` has the leading member axis E = ``size``."""
+        if not isinstance(state, State):
+            raise TypeError(f"an ensemble trains a fwdtrain.State with a member axis (ensemble.init), "
+                            f"got {type(state).__name__}")
+        found = size(state)
+        if found != self.size:
+            raise ValueError(f"the state has {found} members (leading axis of every leaf) but the ensemble has "
+                             f"size {self.size}")
+        if state.t.ndim != 1:
+            raise ValueError(f"an ensemble state's t must be (E,) = ({self.size},), got {tuple(state.t.shape)}")
+
+    def check(self, state: State, dt: Any, lr: Any) -> None:
+        self.validate()
+        self.check_state(state)
+        if isinstance(lr, torch.Tensor) and lr.ndim == 1:
+            rates(lr, self.size)
+            lr = lr[0]
+        elif not callable(lr):
+            rates(lr, self.size)
+        self.member_problem.check(member(state, 0), dt, lr)
+
+    def resolve_mode(self, state: State, mode: Mode) -> str:
+        return self.member_problem.resolve_mode(member(state, 0), mode)
+
+    def noise_shape(self, state: State) -> tuple[int, ...]:
+        return (self.size, *self.member_problem.noise_shape(member(state, 0)))
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
+                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+        """(state_{n+1}, StepInfo(cost (E,), gradient leaves (E, *s))) = vmap of the member's advance;
+        alpha is (E,) or one value for all. ``reduce`` runs per member, inside the vmap."""
+        problem = self.member_problem
+        if not isinstance(alpha, torch.Tensor):
+            alpha = torch.tensor(alpha, dtype=state.x.dtype, device=state.x.device)
+        alpha = torch.broadcast_to(alpha, (self.size,))
+
+        def one(member_state: State, member_dw: torch.Tensor, member_alpha: torch.Tensor) -> tuple[State, StepInfo]:
+            return problem.advance(member_state, member_dw, dt, member_alpha, mode, reduce)
+
+        return vmap(one)(state, dw, alpha)
+
+    def record(self, state: State) -> Any:
+        return vmap(self.member_problem.record)(state)
+
+    # ---- the driver's member hooks ----
+    def within(self, state: State, bound: float | None = None) -> torch.Tensor:
+        """(E,) bool: member e's x, x_tilde and theta finite (and |.| <= bound when given)."""
+        parts = [_per_member(leaf) for leaf in leaves((state.x, state.x_tilde, state.theta)) if leaf[0].numel()]
+        peak = torch.stack(parts).amax(0)
+        return torch.isfinite(peak) if bound is None else peak <= bound  # NaN compares False
+
+    def freeze(self, good: State, new: State, running: torch.Tensor) -> State:
+        """``new`` for the members where ``running`` (E,) is True, ``good`` for the others (branch-free)."""
+        def pick(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+            return torch.where(running.reshape((-1,) + (1,) * (after.ndim - 1)), after, before)
+        return tree_map(pick, good, new)
+
+    def gradient_norm(self, gradient: Any) -> torch.Tensor:
+        """(E,): |G_e| per member, computed as a single run computes it (so the records agree bitwise)."""
+        return torch.stack([squared_norm(member(gradient, e)).sqrt() for e in range(self.size)])
+
+    def noise_source(self, seed: int, dt: Any, state: State, saved: dict | None) -> EnsembleNoise:
+        """The members' noise: ``BrownianNoise(seed_e)`` each (seed_e = seeds[e] or seed + e), or the saved one."""
+        dtype, device = state.x.dtype, state.x.device
+        if saved is not None:
+            source = EnsembleNoise.from_state_dict(saved, dtype, device)
+            if len(source.sources) != self.size:
+                raise ValueError(f"the history's noise has {len(source.sources)} members, the ensemble {self.size}")
+            return source
+        seeds = self.seeds if self.seeds is not None else tuple(seed + e for e in range(self.size))
+        shape = tuple(self.member_problem.noise_shape(member(state, 0)))
+        return EnsembleNoise.brownian(seeds, shape, float(dt), dtype=dtype, device=device)
+
+
+def run(problem: Any, state: State, steps: int, dt: float, lr: Any, seed: int | Sequence[int] = 0,
+        **options: Any) -> tuple[State, History]:
+    """Train E members of ``problem`` from the stacked ``state`` (``ensemble.init``) in one vmapped run.
+
+    ``lr``: as ``rates`` takes it (one value, (E,) per member, a schedule, or ``PerMember``).
+    ``seed``: an int (members use seed, ..., seed + E - 1) or E ints. Every option of
+    ``fwdtrain.run`` applies (``compile``, ``fuse``, ``checkpoint``, ``history``, ``bound``, ...).
+    Returns ``(state, history)`` with the member axis (``History.diverged`` says who diverged;
+    ``member_history(history, e)`` is member e's own). ``DivergenceError`` only if all diverged.
+    """
+    if not isinstance(state, State):
+        raise TypeError(f"ensemble.run expects a fwdtrain.State with a member axis (ensemble.init), "
+                        f"got {type(state).__name__}")
+    members = size(state)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        ensemble, first = Ensemble(problem, members), seed
+    else:
+        ensemble, first = Ensemble(problem, members, tuple(seed)), 0
+    ensemble.validate()
+    return _run_driver(ensemble, state, steps, dt, rates(lr, members), first, **options)
+
+
+__all__ = ["Ensemble", "EnsembleNoise", "PerMember", "stack", "member", "unstack", "size", "init", "rates",
+           "member_history", "run"]
