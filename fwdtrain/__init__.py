@@ -4,7 +4,7 @@ The model is a pure function of a parameter pytree, the state (X, Xtilde, theta,
 is immutable, and ``step`` is a pure function: state in, new state out.
 """
 
-from . import calibration, distributed, examples, noise, schedules, sgdct
+from . import calibration, distributed, examples, noise, optim, schedules, sgdct
 from .checkpoint import Checkpoint, load, save
 from .checkpointing import CheckpointWriteError, Checkpointing
 from .compiled import compile_advance, compile_steps
@@ -16,7 +16,7 @@ from .model import Model, functional, mlp
 from .noise import BrownianNoise, FunctionNoise, TensorNoise
 from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Linearisation, linearise
-from .state import State, init, noise_dim
+from .state import State, init, noise_dim, with_optimizer
 from .euler import StepInfo
 from .stepping import step, step_with_info
 from .trainable import CostForm, Trainable
@@ -29,5 +29,5 @@ __all__ = [
     "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
     "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
-    "CheckpointWriteError", "Trainable", "CostForm",
+    "CheckpointWriteError", "Trainable", "CostForm", "optim", "with_optimizer",
 ]
