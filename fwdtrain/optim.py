@@ -94,6 +94,16 @@ def _zeros(theta: PyTree) -> PyTree:
     return tree_map(torch.zeros_like, theta)
 
 
+def _sqrt(v: torch.Tensor) -> torch.Tensor:
+    """sqrt(v) for v >= 0, with derivative 0 (not inf, which times 0 is NaN) where v = 0.
+
+    The same values as ``v.sqrt()`` bitwise; v = 0 occurs whenever a gradient entry is exactly
+    0 (e.g. a parameter the cost reaches only through the sensitivity, on the first step).
+    """
+    positive = v > 0
+    return torch.where(positive, torch.where(positive, v, torch.ones_like(v)).sqrt(), torch.zeros_like(v))
+
+
 # ---------------------------------------------------------------- the step and theta
 
 
@@ -180,7 +190,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             n = count.to(m.dtype)
             c1, c2 = 1 - b1 ** n, 1 - b2 ** n
-            return (m / c1) / (v.sqrt() / c2.sqrt() + eps)
+            return (m / c1) / (_sqrt(v) / c2.sqrt() + eps)
 
         return tree_map(direction, mu, nu), AdamState(count, mu, nu)
 
@@ -203,10 +213,10 @@ def scale_by_rms(decay: float = 0.99, eps: float = 1e-8, centered: bool = False)
         nu = tree_map(lambda v, g: decay * v + (1 - decay) * g * g, state.nu, gradient)
         if centered:
             mu = tree_map(lambda m, g: decay * m + (1 - decay) * g, state.mu, gradient)
-            direction = tree_map(lambda g, v, m: g / ((v - m * m).sqrt() + eps), gradient, nu, mu)
+            direction = tree_map(lambda g, v, m: g / (_sqrt(v - m * m) + eps), gradient, nu, mu)
         else:
             mu = state.mu
-            direction = tree_map(lambda g, v: g / (v.sqrt() + eps), gradient, nu)
+            direction = tree_map(lambda g, v: g / (_sqrt(v) + eps), gradient, nu)
         return direction, RmsState(nu, mu)
 
     return GradientTransformation(init, update)
