@@ -131,7 +131,7 @@ def _cli_json(argv: list[str]) -> dict:
 
 def averaging_study(quick: bool, seeds: tuple[int, ...] = (0, 1, 2, 3), start: float = 20.0) -> list[dict]:
     """The default lqr-1d (``python -m fwdtrain``) with ``--average-from 20`` for each seed: the signed
-    relative slope error (learned - reference) / |reference| and the cost error, last iterate against the
+    relative slope error (learned - reference) / reference and the cost error, last iterate against the
     Polyak-Ruppert average of theta over t >= 20 (both evaluated by the CLI's own evaluation)."""
     rows = []
     for seed in seeds[:1] if quick else seeds:
@@ -141,7 +141,7 @@ def averaging_study(quick: bool, seeds: tuple[int, ...] = (0, 1, 2, 3), start: f
         m = result["metrics"]
 
         def signed(name: str, key: str) -> float:
-            return (m[name][key] - m[name]["reference"]) / abs(m[name]["reference"])
+            return (m[name][key] - m[name]["reference"]) / m[name]["reference"]
 
         rows.append({"seed": seed, "slope_last": signed("slope", "learned"), "slope_avg": signed("slope", "averaged"),
                      "cost_last": signed("cost", "learned"), "cost_avg": signed("cost", "averaged"),
@@ -178,13 +178,14 @@ def _linearised_cost_error(example, problem, best: float, theta) -> float:
 OPTIMISER_RUNS = (("sgd", 1.0), ("sgd", 3.0), ("adam", 0.01), ("adam", 0.03), ("adam", 0.1))
 
 
-def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER_RUNS, steps: int = 10_000,
-                    record_every: int = 250, within: float = 0.02) -> list[dict]:
+def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER_RUNS, steps: int = 3_000,
+                    record_every: int = 50) -> list[dict]:
     """The 10-D LQR (``random_lqr(10, 0)``) with a 10 -> 32 -> 32 -> 10 tanh MLP control, N = 64, dt = 0.02,
-    lr scale * 15 / (15 + t), seed 0, for each (rule, scale): the first step at which the cost of the
-    control's linearisation u = -K x, K = -du/dx(0) (exact, from a Lyapunov equation) is within 2% of
-    the Riccati optimum J*, and the final error by that measure and by a Monte Carlo cost of the MLP
-    itself (the example's ``evaluate``: 1000 particles, h = 0.005, t = 40)."""
+    lr scale * 15 / (15 + t), seed 0, for each (rule, scale): the first recorded step (every 50) at which
+    the cost of the control's linearisation u = -K x, K = -du/dx(0) (exact, from a Lyapunov equation) is
+    within 2% (and 1%) of the Riccati optimum J*; that error at the end and averaged over the last third;
+    and a Monte Carlo cost of the final MLP itself (the example's ``evaluate``: 1000 particles, h = 0.005,
+    t = 40, which has its own ~0.35% Euler bias and MC noise)."""
     dim = 10
     problem = random_lqr(dim, 0)
     best = riccati(problem).cost
@@ -200,21 +201,24 @@ def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER
         wall = time.perf_counter() - start
         errors = [_linearised_cost_error(example, problem, best, {k: v[i] for k, v in history.theta.items()})
                   for i in range(len(history.step))]
-        reached = next((int(n) for n, e in zip(history.step, errors) if e <= within), None)
+        def reached(within: float) -> int | None:
+            return next((int(n) for n, e in zip(history.step, errors) if e <= within), None)
+
         final_mc = example.evaluate(state.theta)["cost"] / best - 1.0 if not quick else math.nan
-        rows.append({"rule": name, "lr": scale, "steps_to_2pct": reached, "final_linearised_error": errors[-1],
-                     "best_linearised_error": min(errors), "final_mc_error": final_mc, "steps": example.steps,
-                     "wall_s": wall})
+        tail = errors[-max(len(errors) // 3, 1):]
+        rows.append({"rule": name, "lr": scale, "steps_to_2pct": reached(0.02), "steps_to_1pct": reached(0.01),
+                     "final_linearised_error": errors[-1], "tail_linearised_error": sum(tail) / len(tail),
+                     "final_mc_error": final_mc, "steps": example.steps, "wall_s": wall})
     return rows
 
 
 def _print_optimisers(rows: list[dict]) -> None:
-    print(f"{'rule':<6}{'lr scale':>9}{'steps to 2%':>13}{'final J_lin/J*-1':>18}{'best':>8}{'final MC J/J*-1':>17}"
-          f"{'steps':>7}{'wall s':>8}")
+    print(f"{'rule':<6}{'lr scale':>9}{'steps to 2%':>13}{'steps to 1%':>13}{'J_lin/J*-1 end':>16}"
+          f"{'last third':>12}{'MC J/J*-1 end':>15}{'steps':>7}{'wall s':>8}")
     for r in rows:
-        reached = "not reached" if r["steps_to_2pct"] is None else str(r["steps_to_2pct"])
-        print(f"{r['rule']:<6}{r['lr']:>9g}{reached:>13}{r['final_linearised_error']:>+18.2%}"
-              f"{r['best_linearised_error']:>+8.2%}{r['final_mc_error']:>+17.2%}{r['steps']:>7}{r['wall_s']:>8.0f}")
+        two, one = ("never" if r[key] is None else str(r[key]) for key in ("steps_to_2pct", "steps_to_1pct"))
+        print(f"{r['rule']:<6}{r['lr']:>9g}{two:>13}{one:>13}{r['final_linearised_error']:>+16.2%}"
+              f"{r['tail_linearised_error']:>+12.2%}{r['final_mc_error']:>+15.2%}{r['steps']:>7}{r['wall_s']:>8.0f}")
 
 
 STUDIES = {"averaging": averaging_study, "optimisers": optimiser_study}
