@@ -307,11 +307,15 @@ def _signature(tree: PyTree) -> tuple:
 
 
 def _describe(tree: PyTree) -> str:
-    if isinstance(tree, tuple) and type(tree) is tuple and not tree:
+    """A short name for an optimiser state: "()" or e.g. "a tuple of (EmptyState, AdamState, EmptyState)"."""
+    if type(tree) is tuple and not tree:
         return "() (no optimiser state: the plain update euler.descend)"
-    kinds = sorted({type(node).__name__ for node in optree.tree_flatten(tree, is_leaf=lambda n: isinstance(
-        n, tuple) and hasattr(n, "_fields"))[0] if isinstance(node, tuple) and hasattr(node, "_fields")})
-    return f"a {type(tree).__name__}" + (f" of {', '.join(kinds)}" if kinds else "")
+
+    def named(node: Any) -> bool:
+        return isinstance(node, tuple) and hasattr(node, "_fields")
+
+    kinds = [type(node).__name__ for node in optree.tree_flatten(tree, is_leaf=named)[0] if named(node)]
+    return f"a {type(tree).__name__}" + (f" of ({', '.join(kinds)})" if kinds and not named(tree) else "")
 
 
 def check_opt_state(optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree,
@@ -327,8 +331,11 @@ def check_opt_state(optimizer: GradientTransformation | None, opt_state: OptStat
         return
     fix = ("make the state with fwdtrain.init(..., optimizer=<the same rule>) (or "
            "state._replace(opt_state=optimizer.init(state.theta))), or step it with the rule it was made for")
-    raise ValueError(f"{name} does not fit the optimizer: the state holds {_describe(opt_state)}, the optimizer "
-                     f"{'None' if optimizer is None else 'given'} expects {_describe(expected)}; {fix}")
+    given = "optimizer=None" if optimizer is None else "the optimizer given"
+    have, want = _describe(opt_state), _describe(expected)
+    if have == want:
+        have = f"{have} whose tensors' shapes or dtypes differ from theta's"
+    raise ValueError(f"{name} does not fit the optimizer: the state holds {have}, {given} expects {want}; {fix}")
 
 
 def check_average(average: Any, theta: PyTree, name: str = "state.average") -> None:
