@@ -18,7 +18,7 @@ from .model import Model, functional, mlp
 from .noise import BrownianNoise, FunctionNoise, TensorNoise
 from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Linearisation, linearise
-from .state import State, init, noise_dim
+from .state import State, init, noise_dim, with_optimizer
 from .euler import StepInfo
 from .stepping import step, step_with_info
 from .trainable import CostForm, Trainable
@@ -33,4 +33,5 @@ __all__ = [
     "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
     "CheckpointWriteError", "Trainable", "CostForm", "optim", "check_compatible", "cache_dir",
     "choose_compilation", "average_cost", "ensemble", "Ensemble", "PerMember", "run_ensemble",
+    "with_optimizer",
 ]

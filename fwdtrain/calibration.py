@@ -33,7 +33,8 @@ from .problem import SDE, Coefficients, Theta
 from .sensitivity import MODES, Mode, choose_mode, linearise_particles
 from .state import State, init as _init_state, noise_dim
 from .driver import run as driver_run
-from .euler import GradientReduce, LearningRate, StepInfo, descend, euler_update, learning_rate
+from .euler import GradientReduce, LearningRate, StepInfo, euler_update, learning_rate, update_parameters
+from .optim import GradientTransformation
 from .history import History
 from .stepping import check_step_inputs
 
@@ -48,6 +49,11 @@ class Calibration(NamedTuple):
     observables: Observables
     targets: torch.Tensor
     weights: torch.Tensor
+    optimizer: GradientTransformation | None = None  # the update rule (fwdtrain.optim); None: plain sgd
+
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> "Calibration":
+        """This calibration updated by ``optimizer`` (its state in ``State.opt_state``)."""
+        return self._replace(optimizer=optimizer)
 
     # ---- the fwdtrain.trainable.Trainable protocol: what fwdtrain.run needs ----
     def check(self, state: State, dt: Any, lr: Any) -> None:
@@ -88,10 +94,11 @@ def _zero_cost(theta: Theta, x: torch.Tensor) -> torch.Tensor:
     return x.sum() * 0
 
 
-def calibration(drift, diffusion, observables: Observables, targets, weights=None) -> Calibration:
+def calibration(drift, diffusion, observables: Observables, targets, weights=None, *,
+                optimizer: GradientTransformation | None = None) -> Calibration:
     """Build a ``Calibration`` from drift(theta, x), diffusion(theta, x), phi(theta, x) and targets (k,).
 
-    weights default to ones. targets and weights are cast to the parameters' dtype when used.
+    weights default to ones; ``optimizer`` is the update rule (a ``fwdtrain.optim`` transformation; None: plain sgd). targets and weights are cast to the parameters' dtype when used.
     """
     if not callable(observables):
         raise TypeError(f"observables must be a function (theta, x) -> (k,) tensor, got {type(observables).__name__}")
@@ -102,7 +109,10 @@ def calibration(drift, diffusion, observables: Observables, targets, weights=Non
     if weights.shape != targets.shape or bool((weights < 0).any()):
         raise ValueError(f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, "
                          f"got {weights.tolist()}")
-    return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights)
+    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
+        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation or None, "
+                        f"got {type(optimizer).__name__}")
+    return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights, optimizer)
 
 
 def _coefficients(problem: Calibration):
@@ -112,11 +122,15 @@ def _coefficients(problem: Calibration):
 
 
 def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
-         allow_low_precision: bool = False) -> State:
-    """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,)."""
+         average_from: Any = None, allow_low_precision: bool = False) -> State:
+    """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,).
+
+    The opt_state is that of ``problem.optimizer`` (``calibration(..., optimizer=...)`` or
+    ``problem.with_optimizer(rule)``); ``average_from=t0`` starts a Polyak-Ruppert average."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
-    state = _init_state(problem.sde, theta, x0, particles, allow_low_precision=allow_low_precision)
+    state = _init_state(problem.sde, theta, x0, particles, optimizer=problem.optimizer, average_from=average_from,
+                        allow_low_precision=allow_low_precision)
     if state.particles % 2:
         raise ValueError(f"a calibration needs an even number of particles (two independent halves), "
                          f"got {state.particles}")
@@ -149,9 +163,9 @@ def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha
     gradient = tree_map(gradient_leaf, total.cost)
     if reduce is not None:
         gradient = reduce(gradient)
-    theta = descend(state.theta, gradient, alpha, dt)
+    new_state = update_parameters(state, gradient, alpha, dt, problem.optimizer)._replace(x=x, x_tilde=x_tilde)
     info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
-    return State(x, x_tilde, theta, state.t + dt), info
+    return new_state, info
 
 
 def resolve_mode(problem: Calibration, state: State, mode: Mode) -> str:
@@ -165,7 +179,7 @@ def check_inputs(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, 
     """Raise a clear error for anything ``step`` cannot use (an odd N, a dw of the wrong shape, ...)."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"expected a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
-    check_step_inputs(problem.sde, state, dw, dt, lr)
+    check_step_inputs(problem.sde, state, dw, dt, lr, problem.optimizer)
     if state.particles % 2:
         raise ValueError(f"a calibration needs an even number of particles, got {state.particles}")
     m = noise_dim(problem.sde, state.theta, state.x)

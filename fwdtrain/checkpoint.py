@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
+from . import optim
 from ._tree import leaves_with_paths
 from .history import History
 from .errors import CheckpointError
@@ -40,8 +41,23 @@ class Checkpoint(NamedTuple):
     metadata: dict
 
 
+# NamedTuples a checkpoint may hold (the optimiser states and the running average of a State):
+# saved as {TAG: name, "fields": {...}} (weights_only loading takes plain containers only), restored by name.
+TAG = "__namedtuple__"
+_NAMED: dict[str, type] = {cls.__name__: cls for cls in (optim.EmptyState, optim.MomentumState, optim.AdamState,
+                                                         optim.RmsState, optim.Average)}
+
+
 def _plain(value: Any, where: str) -> Any:
-    """Check that ``value`` is made of what ``weights_only`` loading accepts; NamedTuples become dicts."""
+    """Check that ``value`` is made of what ``weights_only`` loading accepts; the NamedTuples of
+    ``fwdtrain.optim`` become tagged dicts (``TAG``)."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        name = type(value).__name__
+        if _NAMED.get(name) is not type(value):
+            raise TypeError(f"checkpoint: {where} is a {name}; a checkpoint holds the NamedTuples of "
+                            f"fwdtrain.optim ({', '.join(_NAMED)}) and otherwise only tensors, numbers, strings "
+                            f"and (nested) dicts, lists and tuples of them: keep a rule's state of your own in those")
+        return {TAG: name, "fields": _plain(value._asdict(), where)}
     if isinstance(value, torch.Tensor):
         return value.detach()
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -187,10 +203,40 @@ def _tree(value: Any, where: str) -> list[tuple[str, Any]]:
     return walk(value, where)
 
 
+def _restore(value: Any, where: str) -> Any:
+    """The NamedTuples of ``fwdtrain.optim`` back from their tagged dicts (everything else as it is)."""
+    if isinstance(value, dict) and TAG in value:
+        tagged = _fields(value, where, (TAG, "fields"))
+        cls = _NAMED.get(tagged[TAG]) if isinstance(tagged[TAG], str) else None
+        if cls is None:
+            raise _Invalid(f"{where} is a {tagged[TAG]!r:.40}, not one of {sorted(_NAMED)}")
+        inner = _fields(tagged["fields"], f"{where}['fields']", cls._fields)
+        return cls(**{key: _restore(inner[key], f"{where}.{key}") for key in cls._fields})
+    if isinstance(value, dict):
+        return {key: _restore(item, f"{where}[{key!r}]") for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_restore(item, f"{where}[{i}]") for i, item in enumerate(value))
+    return value
+
+
+def _check_training(state: dict) -> dict:
+    """opt_state and average (absent in checkpoints written before they existed: ``()``), restored and checked."""
+    state = dict(state)
+    for name in ("opt_state", "average"):
+        value = _restore(state.get(name, ()), f"state[{name!r}]")
+        for path, leaf in zip(*optree.tree_flatten_with_path(value)[:2]):
+            _tensor(leaf, f"state[{name!r}]" + "".join(f"[{key!r}]" for key in path))
+        state[name] = value
+    optim.check_average(state["average"], state["theta"], "state['average']")
+    return state
+
+
 def _check_state(state: Any) -> State:
     """State fields: x (N, d) floating, theta a pytree of x's dtype, x_tilde leaves (N, d, *s), t 0-d;
-    or an ensemble's (``fwdtrain.ensemble``): x (E, N, d), theta leaves (E, *s), x_tilde (E, N, d, *s), t (E,)."""
-    state = _fields(state, "state", State._fields)
+    or an ensemble's (``fwdtrain.ensemble``): x (E, N, d), theta leaves (E, *s), x_tilde (E, N, d, *s), t (E,);
+    opt_state and average (optional) pytrees of tensors, the average shaped like theta."""
+    required = ("x", "x_tilde", "theta", "t")
+    state = _check_training(_fields(state, "state", required, tuple(f for f in State._fields if f not in required)))
     x = _tensor(state["x"], "state['x']", floating=True)
     if x.ndim not in (2, 3):
         raise _Invalid(f"state['x'] has shape {tuple(x.shape)}, expected (N, d) or an ensemble's (E, N, d)")
@@ -249,9 +295,12 @@ def _check_history(history: Any) -> History | None:
             raise _Invalid(f"history[{name!r}] has shape {tuple(value.shape)}, expected (records, *{members})")
         if value.shape[0] != records:
             raise _Invalid(f"history[{name!r}] has {value.shape[0]} records, history['step'] has {records}")
-    for at, leaf in _tree(history["theta"], "history['theta']"):
-        if leaf.ndim == 0 or leaf.shape[0] != records:
-            raise _Invalid(f"{at} has shape {tuple(leaf.shape)}, expected ({records}, ...): one row per record")
+    for name in ("theta", "theta_average"):
+        if history.get(name) is None:
+            continue
+        for at, leaf in _tree(history[name], f"history[{name!r}]"):
+            if leaf.ndim == 0 or leaf.shape[0] != records:
+                raise _Invalid(f"{at} has shape {tuple(leaf.shape)}, expected ({records}, ...): one row per record")
     carry = history.get("carry")
     if carry is not None:
         if not isinstance(carry, dict) or not all(isinstance(key, str) for key in carry):

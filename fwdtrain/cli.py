@@ -40,11 +40,12 @@ from typing import Any, Sequence
 
 import torch
 
-from . import distributed, ensemble, examples, plotting, schedules
+from . import distributed, ensemble, examples, optim, plotting, schedules
 from .checkpoint import check_compatible, load, save
 from .checkpointing import Checkpointing, CheckpointWriteError
 from .driver import run
 from .errors import CheckpointError, DivergenceError
+from .state import with_optimizer
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 # Where the command line's defaults should differ from an example builder's, per problem (none now:
@@ -103,6 +104,11 @@ def _options() -> argparse.ArgumentParser:
     add("--lr-offset", type=_positive_float, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
     add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
+    add("--optimizer", choices=tuple(optim.OPTIMIZERS), help="update rule (default sgd: theta <- theta - alpha h G); "
+        "momentum 0.9, adam (0.9, 0.999), rmsprop 0.99 with their default options; the rate stays alpha(t) h")
+    add("--clip", type=_positive_float, metavar="NORM", help="clip the gradient's global norm at NORM before the rule")
+    add("--average-from", type=_rate, metavar="T", help="Polyak-Ruppert average of theta over t >= T: recorded, and "
+        "evaluated next to the last iterate")
     add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
     add("--compile", action=argparse.BooleanOptionalAction, default=None,
         help="run each step through torch.compile (compiles for seconds first); --no-compile: eager. "
@@ -163,6 +169,15 @@ def _learning_rate(example, lr: float | None, name: str | None, offset: float):
     return (lambda t: own(t) * factor), base
 
 
+def update_rule(name: str, clip: float | None) -> optim.GradientTransformation | None:
+    """The rule of --optimizer and --clip: None for plain sgd (``euler.descend``, bitwise today's update),
+    else ``optim.optimizer(name)``, after ``clip_by_global_norm(clip)`` when clipping."""
+    if name == "sgd" and clip is None:
+        return None
+    rule = optim.optimizer(name)
+    return rule if clip is None else optim.chain(optim.clip_by_global_norm(clip), rule)
+
+
 def _relative_error(learned: float, reference: float) -> float:
     return abs(learned - reference) / abs(reference) if reference else abs(learned - reference)
 
@@ -194,6 +209,13 @@ def _resume(args: argparse.Namespace, explicit_problem: bool, grouped: bool):
     return checkpoint, saved
 
 
+def _compare(example: Any, learned: dict) -> dict:
+    """{metric: {learned, reference, relative_error}} for the metrics with a reference."""
+    return {name: {"learned": float(learned[name]), "reference": float(reference),
+                   "relative_error": _relative_error(float(learned[name]), float(reference))}
+            for name, reference in example.reference.items() if name in learned}
+
+
 def _evaluate(args: argparse.Namespace, example: Any, problem: str, state: Any, history: Any,
               size: int) -> tuple[dict, str | None, str | None, float, bool]:
     """(metrics, plot path, note, seconds, interrupted): learned against reference, and the plot; Ctrl-C
@@ -202,10 +224,13 @@ def _evaluate(args: argparse.Namespace, example: Any, problem: str, state: Any, 
     metrics: dict[str, Any] = {}
     plot, note = None, None
     try:
-        learned = example.evaluate(state.theta)
-        metrics = {name: {"learned": float(learned[name]), "reference": float(reference),
-                          "relative_error": _relative_error(float(learned[name]), float(reference))}
-                   for name, reference in example.reference.items() if name in learned}
+        metrics = _compare(example, example.evaluate(state.theta))
+        if isinstance(state.average, optim.Average) and int(state.average.count) > 0:
+            averaged = _compare(example, example.evaluate(state.average.mean))
+            for name, entry in metrics.items():
+                if name in averaged:
+                    entry["averaged"] = averaged[name]["learned"]
+                    entry["averaged_relative_error"] = averaged[name]["relative_error"]
         if not args.no_plot:
             if plotting.available():
                 optimal_slope = _first(example.reference, "slope", "optimal_slope")
@@ -242,6 +267,16 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             why = (f"; the resumed noise continues seed {saved[key]}'s stream: drop --seed (or start a new run)"
                    if key == "seed" else "")
             raise ValueError(f"--{key} {args.__dict__[key]} differs from the resumed run's {saved[key]}{why}")
+    training = {"optimizer": saved.get("optimizer", "sgd"), "clip": saved.get("clip"),
+                "average_from": saved.get("average_from")}
+    for key, flag in (("optimizer", "--optimizer"), ("clip", "--clip"), ("average_from", "--average-from")):
+        value = getattr(args, key)
+        if checkpoint is not None and value is not None and value != training[key]:
+            raise ValueError(f"{flag} {value} differs from the resumed run's {training[key]}: its optimiser state "
+                             f"and average continue as saved (drop {flag}, or start a new run)")
+        if value is not None:
+            training[key] = value
+    rule = update_rule(training["optimizer"], training["clip"])
     options.update({key: value for key, value in given.items() if value is not None})
     example = examples.REGISTRY[problem](**options)
     seed = options.get("seed", 0)
@@ -257,9 +292,10 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
             raise ValueError("--ensemble runs in one process, for problems with Brownian noise"
                              + (f" ({problem} estimates from observed paths)" if example.data is not None else ""))
         member_examples = [examples.REGISTRY[problem](**{**options, "seed": seed + e}) for e in range(members)]
-        first_state = ensemble.stack([ex.initial_state() for ex in member_examples])
+        first_state = ensemble.stack([with_optimizer(ex.initial_state(), rule, average_from=training["average_from"])
+                                      for ex in member_examples])
     else:
-        first_state = example.initial_state()
+        first_state = with_optimizer(example.initial_state(), rule, average_from=training["average_from"])
     if checkpoint is not None:
         state, history = checkpoint.state, checkpoint.history
         if members is None:
@@ -272,7 +308,7 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     remaining = max(example.steps - done, 0)
     metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
                 "seed": seed, "dtype": str(example.x0.dtype).removeprefix("torch."),
-                "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset}
+                "lr": lr0, "schedule": schedule_name, "lr_offset": lr_offset, **training}
     if grouped:
         metadata["world_size"] = size
     if members is not None:
@@ -280,7 +316,8 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     saving = Checkpointing(args.checkpoint, args.checkpoint_every, metadata) if args.checkpoint else None
     common = dict(history=history, record_every=args.record_every, checkpoint=saving,
                   progress=False if args.no_progress or args.json else None,
-                  compile="auto" if args.compile is None else (args.compile or args.fuse > 1), fuse=args.fuse)
+                  compile="auto" if args.compile is None else (args.compile or args.fuse > 1), fuse=args.fuse,
+                  optimizer=rule)
     unsaved = None
     start = time.perf_counter()
     try:
@@ -311,12 +348,16 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     taken = history.steps - done
     if members is not None:
         return _ensemble_result(args, member_examples, problem, state, history, done, wall, lr0, schedule_name,
-                                lr_offset, seed, metadata["dtype"], None if unsaved else args.checkpoint, unsaved)
+                                lr_offset, seed, metadata["dtype"], None if unsaved else args.checkpoint, unsaved,
+                                training)
     metrics, plot, plot_note, evaluation, cut_short = _evaluate(args, example, problem, state, history, size)
     return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
             "dt": example.dt, "particles": example.particles, "processes": size, "dtype": metadata["dtype"], "lr": lr0,
             "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
-            or "problem default", "seed": seed, "wall_s": wall,
+            or "problem default", "seed": seed, "optimizer": training["optimizer"], "clip": training["clip"],
+            "average_from": training["average_from"],
+            "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
+            "wall_s": wall,
             "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
             "plot": plot, "plot_note": plot_note, "checkpoint": None if unsaved else args.checkpoint,
             "checkpoint_error": unsaved,
@@ -340,7 +381,7 @@ def _spread(values: list[float]) -> tuple[float, float]:
 
 
 def _ensemble_result(args, member_examples, problem, state, history, done, wall, lr0, schedule_name, lr_offset,
-                     seed, dtype, checkpoint, unsaved) -> dict[str, Any]:
+                     seed, dtype, checkpoint, unsaved, training) -> dict[str, Any]:
     """Each member's result (the keys of a single run's) and the mean and spread over the members that did not
     diverge."""
     quiet = argparse.Namespace(**{**vars(args), "no_plot": True})
@@ -357,7 +398,9 @@ def _ensemble_result(args, member_examples, problem, state, history, done, wall,
             or "problem default", "seed": seed + e, "wall_s": wall, "steps_per_s": taken / wall if wall > 0 else 0.0,
             "evaluate_s": evaluation, "metrics": metrics, "plot": None, "plot_note": note, "checkpoint": None,
             "interrupted": bool(history.interrupted) or stopped, "diverged": bool(history.diverged[e]),
-            "frozen_at": int(history.frozen_at[e])})
+            "frozen_at": int(history.frozen_at[e]), **training,
+            "averaged_iterates": int(member_state.average.count) if isinstance(member_state.average, optim.Average)
+            else 0})
     kept = [r for r in results if not r["diverged"]]
     summary = {}
     for name in (kept[0]["metrics"] if kept else {}):
@@ -394,11 +437,18 @@ def _ensemble_table(result: dict[str, Any]) -> str:
 def _table(result: dict[str, Any]) -> str:
     particles = (f"{result['particles']} particles" if result["processes"] == 1 else
                  f"{result['processes']} x {result['particles']} particles")
+    rule = result["optimizer"] + (f", clip {result['clip']:g}" if result["clip"] is not None else "")
+    averaged = any("averaged" in m for m in result["metrics"].values())
     lines = [f"fwdtrain {result['problem']}: {particles}, dt {result['dt']}, "
-             f"{result['dtype']}, lr {result['lr']:g} ({result['schedule']}), seed {result['seed']}",
-             f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"]
+             f"{result['dtype']}, lr {result['lr']:g} ({result['schedule']}), {rule}, seed {result['seed']}",
+             f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"
+             + (f"{'averaged':>14}{'rel. error':>12}" if averaged else "")]
     for name, m in result["metrics"].items():
-        lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g}{m['relative_error']:>11.2%}")
+        lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g}{m['relative_error']:>11.2%}"
+                     + (f"{m['averaged']:>14.6g}{m['averaged_relative_error']:>11.2%}" if "averaged" in m else ""))
+    if result["average_from"] is not None:
+        lines.append(f"learned: the last iterate; averaged: the mean of theta over the {result['averaged_iterates']} "
+                     f"iterates with t >= {result['average_from']:g} (--average-from)")
     lines.append(f"steps {result['steps']} (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
                  f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s")
     if result.get("diverged"):

@@ -221,10 +221,17 @@ def _check_mode(mode: str) -> None:
                          f"fwdtrain.euler.resolve_step_mode), got {mode!r}")
 
 
-def _advance_of(problem: Any) -> Callable[..., tuple[State, StepInfo]]:
+def _advance_of(problem: Any, optimizer: Any = None) -> Callable[..., tuple[State, StepInfo]]:
     """The problem's unchecked step ``(state, dw, dt, alpha, mode, reduce)``: ``euler.advance`` for an SDE,
-    the ``advance`` method of any other ``fwdtrain.trainable.Trainable`` (a calibration, SGDCT)."""
-    return functools.partial(advance, problem) if isinstance(problem, SDE) else problem.advance
+    the ``advance`` method of any other ``fwdtrain.trainable.Trainable`` (a calibration, SGDCT); with
+    ``optimizer`` (a ``fwdtrain.optim`` rule) bound (``with_optimizer`` for a Trainable)."""
+    if isinstance(problem, SDE):
+        return functools.partial(advance, problem, optimizer=optimizer)
+    if optimizer is not None:
+        if not callable(getattr(problem, "with_optimizer", None)):
+            raise NotImplementedError(f"{type(problem).__name__} does not take an optimizer (no with_optimizer)")
+        problem = problem.with_optimizer(optimizer)
+    return problem.advance
 
 
 def _outside_graph(reduce: GradientReduce | None) -> GradientReduce | None:
@@ -237,15 +244,16 @@ def _as_scalar(alpha: Any, like: torch.Tensor) -> torch.Tensor:
     return alpha if isinstance(alpha, torch.Tensor) else torch.tensor(alpha, dtype=like.dtype, device=like.device)
 
 
-def _kernel(problem: Any, dt: float, mode: str, reduce: GradientReduce | None) -> OneStep:
-    """The one place the kernel is called: ``(state, dw, alpha) -> advance(problem, state, dw, dt, alpha, ...)``."""
-    advance_problem = _advance_of(problem)
+def _kernel(problem: Any, dt: float, mode: str, reduce: GradientReduce | None, optimizer: Any = None) -> OneStep:
+    """The one place the kernel is called: ``(state, dw, alpha) -> advance(problem, state, dw, dt, alpha, ...)``,
+    with ``optimizer`` (a ``fwdtrain.optim`` rule) bound to the problem when given."""
+    advance_problem = _advance_of(problem, optimizer)
     return lambda state, dw, alpha: advance_problem(state, dw, dt, alpha, mode, reduce)
 
 
 def compile_advance(
     sde: Any, dt: float, mode: str, reduce: GradientReduce | None = None, *,
-    backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS,
+    backend: str | Callable = "inductor", options: dict | None = STEP_OPTIONS, optimizer: Any = None,
 ) -> OneStep:
     """``advance(sde, ., ., dt, ., mode, reduce)`` compiled: ``one_step(state, dw, alpha) -> (State, StepInfo)``.
 
@@ -253,13 +261,14 @@ def compile_advance(
     with positional (state, dw, alpha); alpha may be a number or a 0-d tensor (numbers
     are turned into tensors, so changing alpha never recompiles). ``mode`` is
     "reverse" or "forward". ``backend`` and ``options`` go to ``torch.compile``
-    ("eager" traces with dynamo only: quick, for tests).
+    ("eager" traces with dynamo only: quick, for tests). ``optimizer``: the ``fwdtrain.optim`` rule
+    of state.opt_state (None: the problem's own; ``CostForm(sde, rule)`` binds it too).
     Inputs are not validated here: check them once with ``fwdtrain.stepping.check_step_inputs``.
     """
     _check_mode(mode)
     _checks.check_dt(dt)
     fullgraph, reduce = reduce is None, _outside_graph(reduce)
-    kernel = _kernel(sde, dt, mode, reduce)
+    kernel = _kernel(sde, dt, mode, reduce, optimizer)
 
     def one_step(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
         new_state, info = kernel(state, dw, alpha)
@@ -275,7 +284,7 @@ def compile_advance(
 
 def compile_steps(
     sde: Any, dt: float, lr: LearningRate, mode: str, steps: int, reduce: GradientReduce | None = None,
-    *, backend: str | Callable = "inductor", options: dict | None = FUSED_OPTIONS,
+    *, backend: str | Callable = "inductor", options: dict | None = FUSED_OPTIONS, optimizer: Any = None,
 ) -> FusedSteps:
     """K = ``steps`` steps of ``advance`` in one compiled call: ``fused(state, noise) -> (State, StepInfo)``.
 
@@ -287,14 +296,14 @@ def compile_steps(
     small CPU): K = 8..16 amortises the per-call overhead (~0.15 ms); run a remainder
     of fewer steps with ``compile_advance``. By default inductor's C++ wrapper calls
     the kernels of all K steps without Python in between (``options=FUSED_OPTIONS``,
-    2-3x faster per step than the Python wrapper at N = 1).
+    2-3x faster per step than the Python wrapper at N = 1). ``optimizer`` as for ``compile_advance``.
     """
     _check_mode(mode)
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     steps = _checks.check_count(steps, "steps")
     fullgraph, reduce = reduce is None, _outside_graph(reduce)
-    kernel = _kernel(sde, dt, mode, reduce)
+    kernel = _kernel(sde, dt, mode, reduce, optimizer)
 
     def fused(state: State, noise: torch.Tensor) -> tuple[State, StepInfo]:
         costs, gradients = [], []

@@ -26,6 +26,7 @@ from .checkpointing import Checkpointing, as_checkpointing, probe, write
 from .errors import DivergenceError
 from .euler import GradientReduce, LearningRate, StepInfo
 from .history import History, Record, build, empty_records
+from .optim import Average, GradientTransformation
 from .noise import BrownianNoise, Noise, NoiseLike, as_noise
 from .progress import ProgressBar, progress_enabled
 from .sensitivity import Mode
@@ -136,6 +137,8 @@ class Loop:
         self.callback, self.checkpoint = callback, checkpoint
         self.records: list[Record] = []
         self.empty = empty_records(record(carry.state))
+        averaged = isinstance(carry.state.average, Average)
+        self.empty_average = empty_records(carry.state.average.mean) if averaged else None
         self.dtype = carry.state.x.dtype
         self.good = (carry, source.state_dict(carry.n))  # the last carry known finite, with its noise position
         self.on_progress: Callable[[int, torch.Tensor], Any] | None = None
@@ -155,7 +158,8 @@ class Loop:
             alive = self.members[0]
             cost, grad, average = (torch.where(alive, value, torch.full_like(value, float("nan")))
                                    for value in (cost, grad, average))
-        self.records.append(Record(c.n, c.state.t, cost, grad, average, self.record(c.state)))
+        theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
+        self.records.append(Record(c.n, c.state.t, cost, grad, average, self.record(c.state), theta_average))
         if c.n % self.events.record == 0:
             self.window = (c.n, c.total)
 
@@ -167,7 +171,7 @@ class Loop:
                    "window_total": self.window[1]}
         alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(self.records, self.empty, carry=carried, interrupted=interrupted, dtype=self.dtype,
-                     device=c.state.x.device, previous=self.previous,
+                     device=c.state.x.device, previous=self.previous, empty_average=self.empty_average,
                      diverged=None if alive is None else ~alive, frozen_at=frozen_at)
 
     # ---- checks ----
@@ -396,6 +400,7 @@ def setup(
     callback_every: int | None = None, check_every: int = 100, bound: float | None = None,
     progress_every: int = 256, progress: bool | None = None, checkpoint: Checkpointing | str | os.PathLike | None = None,
     reduce: GradientReduce | None = None, compile: bool | str = "auto", fuse: int = 1,
+    optimizer: GradientTransformation | None = None,
 ) -> Loop:
     """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the
     history's step (0 for a new run) and ending ``steps`` later. Nothing is stepped."""
@@ -408,8 +413,8 @@ def setup(
     if not isinstance(state, State):
         raise TypeError(f"run(problem, state, ...) expects a fwdtrain.State (from fwdtrain.init), "
                         f"got {type(state).__name__}")
-    trainable = as_trainable(problem)
-    trainable.check(state, dt, lr)
+    trainable = as_trainable(problem, optimizer)
+    trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
     schedule = _schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
         check_learning_rate(schedule, t, lr)
@@ -476,6 +481,7 @@ def run(
     reduce: GradientReduce | None = None,
     compile: bool | str = "auto",
     fuse: int = 1,
+    optimizer: GradientTransformation | None = None,
 ) -> tuple[State, History]:
     """Take ``steps`` pure steps of ``problem`` from ``state``.
 
@@ -518,6 +524,12 @@ def run(
       fuse:           K > 1 fuses K steps into one compiled call (``fwdtrain.compile_steps``; implies
                       compile) wherever K steps fit before the next event; single compiled steps fill
                       the gaps. Pick K dividing record_every and check_every (e.g. 4..16).
+      optimizer:      the update rule, a ``fwdtrain.optim`` transformation (e.g. ``optim.adam()``), bound
+                      to the problem (``as_trainable(problem, optimizer)``); ``state.opt_state`` must be
+                      its state (``init(..., optimizer=...)``), checked before the first step. None: the
+                      problem's own (plain sgd, theta <- theta - alpha h G, unless it was built with one).
+                      A Polyak-Ruppert average in the state (``init(..., average_from=t0)``) is updated
+                      every step and recorded as ``history.theta_average``.
 
     Returns ``(state, history)``. On KeyboardInterrupt the last completed state is returned
     with ``history.interrupted = True`` (and saved when ``checkpoint`` is given).
@@ -525,7 +537,7 @@ def run(
     loop = setup(problem, state, steps, dt, lr, seed, record_every=record_every, mode=mode, noise=noise,
                  history=history, chunk=chunk, record=record, callback=callback, callback_every=callback_every,
                  check_every=check_every, bound=bound, progress=progress, progress_every=progress_every,
-                 checkpoint=checkpoint, reduce=reduce, compile=compile, fuse=fuse)
+                 checkpoint=checkpoint, reduce=reduce, compile=compile, fuse=fuse, optimizer=optimizer)
     start = loop.carry.n
     bar = ProgressBar(steps, start) if loop.events.progress is not None else None
     if bar is not None:

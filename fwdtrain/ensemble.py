@@ -73,25 +73,26 @@ def unstack(tree: Tree) -> list[Tree]:
 
 
 def init(sde: Any, theta: Tree, x0: torch.Tensor, particles: int | None = None, *, members: int | None = None,
-         stacked: bool = False) -> State:
+         stacked: bool = False, **options: Any) -> State:
     """The ensemble's state at t = 0: ``fwdtrain.init`` per member, stacked on a leading axis E.
 
     ``stacked=False``: theta and x0 are shared, copied ``members`` = E times. ``stacked=True``: theta's
     leaves carry a leading member axis E (theta0_e per member) and x0 is (E, d) per member or a
-    shared (d,); ``members``, if given, must equal E.
+    shared (d,); ``members``, if given, must equal E. ``options`` go to ``fwdtrain.init`` per member
+    (``optimizer=``, ``average_from=``, ``allow_low_precision=``).
     """
     if not stacked:
         if members is None:
             raise ValueError("ensemble.init needs members=E (or stacked=True with a member axis on theta)")
         count = _checks.check_count(members, "members (the ensemble size E)")
-        return stack([_init_member(sde, theta, x0, particles) for _ in range(count)])
+        return stack([_init_member(sde, theta, x0, particles, **options) for _ in range(count)])
     count = size(theta)
     if members is not None and _checks.check_count(members, "members (the ensemble size E)") != count:
         raise ValueError(f"members={members} but theta's leaves have a member axis of {count}")
     if not isinstance(x0, torch.Tensor) or x0.ndim not in (1, 2) or (x0.ndim == 2 and x0.shape[0] != count):
         raise ValueError(f"x0 must be a shared (d,) or one row per member ({count}, d), "
                          f"got {getattr(x0, 'shape', type(x0).__name__)}")
-    return stack([_init_member(sde, member(theta, e), x0 if x0.ndim == 1 else x0[e], particles)
+    return stack([_init_member(sde, member(theta, e), x0 if x0.ndim == 1 else x0[e], particles, **options)
                   for e in range(count)])
 
 
@@ -105,8 +106,11 @@ def member_history(history: History, index: int) -> History:
         noise = carry.get("noise")
         if noise is not None and EnsembleNoise.kind in noise:
             carry["noise"] = noise[EnsembleNoise.kind]["members"][index]
+    theta_average = history.theta_average
+    if theta_average is not None:
+        theta_average = tree_map(lambda leaf: leaf[:, index], theta_average)
     return history._replace(**per_record, theta=tree_map(lambda leaf: leaf[:, index], history.theta), carry=carry,
-                            diverged=None, frozen_at=None)
+                            diverged=None, frozen_at=None, theta_average=theta_average)
 
 
 # ---- learning rates per member ----
@@ -251,6 +255,10 @@ class Ensemble(NamedTuple):
                 raise ValueError(f"seeds must be {self.size} ints (one per member), got {self.seeds!r}")
         as_trainable(self.problem)
         return self
+
+    def with_optimizer(self, optimizer: Any) -> "Ensemble":
+        """Every member updated by ``optimizer`` (a ``fwdtrain.optim`` rule; its state per member in opt_state)."""
+        return self._replace(problem=as_trainable(self.problem, optimizer))
 
     def check_state(self, state: State) -> None:
         """Every leaf of ``state`` has the leading member axis E = ``size``."""

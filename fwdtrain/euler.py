@@ -2,10 +2,12 @@
 
     X_{n+1}      = X_n + mu h + sigma dW_n
     Xtilde_{n+1} = Xtilde_n + D mu h + sum_k D sigma_k dW_n^k
-    theta_{n+1}  = theta_n - alpha(t_n) h mean_i D c(X_n^i)
+    theta_{n+1}  = theta_n - alpha(t_n) h mean_i D c(X_n^i)        (or theta_n + s_n of an optimiser)
     t_{n+1}      = t_n + h
 
-where D is the total derivative along the sensitivity (see ``sensitivity``).
+where D is the total derivative along the sensitivity (see ``sensitivity``). With a
+``fwdtrain.optim`` rule, s_n, opt_state_{n+1} = update(G_n, opt_state_n, theta_n, alpha(t_n) h);
+a Polyak-Ruppert average in the state takes in theta_{n+1} when t_{n+1} >= t0.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable, NamedTuple, Union
 import torch
 
 from ._tree import leaves, tree_map
+from .optim import GradientTransformation, apply_updates, average_update
 from .problem import SDE, Coefficients, ControlledSDE
 from .sensitivity import Mode, linearise_particles, resolve_mode
 from .state import State
@@ -99,14 +102,41 @@ def descend(theta: Any, gradient: Any, alpha: Any, dt: Any) -> Any:
     return tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), theta, gradient)
 
 
+def average_step(average: Any, theta: Any, t: Any) -> Any:
+    """The state's Polyak-Ruppert average with theta at time t taken in (``optim.average_update``); ``()`` stays."""
+    if isinstance(average, tuple) and not average:
+        return average
+    return average_update(average, theta, t)
+
+
+def update_parameters(state: State, gradient: Any, alpha: Any, dt: Any,
+                      optimizer: GradientTransformation | None = None) -> State:
+    """theta, opt_state, t and average at n + 1 (x and x_tilde untouched), from G_n = ``gradient``:
+
+        optimizer None:  theta_{n+1} = theta_n - alpha h G_n                  (``descend``, bitwise today's)
+        a rule:          s_n, opt_{n+1} = update(G_n, opt_n, theta_n, alpha h),  theta_{n+1} = theta_n + s_n
+        t_{n+1} = t_n + h;  average_{n+1} = average_n with theta_{n+1} in when t_{n+1} >= t0
+
+    Shared by every problem's step (cost form, calibration, SGDCT). Pure and branch-free on values.
+    """
+    if optimizer is None:
+        theta, opt_state = descend(state.theta, gradient, alpha, dt), state.opt_state
+    else:
+        updates, opt_state = optimizer.update(gradient, state.opt_state, state.theta, alpha * dt)
+        theta = apply_updates(state.theta, updates)
+    t = state.t + dt
+    return state._replace(theta=theta, opt_state=opt_state, t=t, average=average_step(state.average, theta, t))
+
+
 def advance(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
-    reduce: GradientReduce | None = None,
+    reduce: GradientReduce | None = None, optimizer: GradientTransformation | None = None,
 ) -> tuple[State, StepInfo]:
     """The step itself, without input checks: (new state, diagnostics at time n).
 
     ``reduce`` maps the local particle-mean gradient pytree to the one used for
-    the update (e.g. an all-reduce mean across processes); None keeps it.
+    the update (e.g. an all-reduce mean across processes); None keeps it. ``optimizer``: the
+    ``fwdtrain.optim`` rule that state.opt_state belongs to (None: plain sgd, ``descend``).
     No ``no_grad``: the step is differentiable by the user's ``torch.func`` transforms
     (on plain tensors nothing records a graph anyway).
     """
@@ -120,10 +150,10 @@ def advance(
     gradient = tree_map(lambda g: g.mean(0), total.cost)
     if reduce is not None:
         gradient = reduce(gradient)
-    theta = descend(state.theta, gradient, alpha, dt)
-    new_state = State(x, x_tilde, theta, state.t + dt)
+    new_state = update_parameters(state, gradient, alpha, dt, optimizer)._replace(x=x, x_tilde=x_tilde)
     return new_state, StepInfo(value.cost.mean(), gradient)
 
 
 __all__ = ["StepInfo", "LearningRate", "GradientReduce", "learning_rate", "noise_term",
-           "noise_sensitivity_term", "resolve_step_mode", "euler_update", "descend", "advance"]
+           "noise_sensitivity_term", "resolve_step_mode", "euler_update", "descend", "update_parameters",
+           "average_step", "advance"]

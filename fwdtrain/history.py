@@ -6,7 +6,8 @@ A history holds R records. Record r is taken at step n_r and holds
     grad_norm_r    = |G_{n_r - 1}|
     average_cost_r = (1/n_r) sum_{k < n_r} mean_i c(X^i_k)                       (float64, the online estimate of J)
 
-with ``theta`` (or whatever the driver was told to record) stacked over records.
+with ``theta`` (or whatever the driver was told to record) stacked over records, and, when the state
+carries a Polyak-Ruppert average, ``theta_average`` (the running mean of theta at each record).
 Every training loop in fwdtrain (``run``, ``sgdct.fit``, ``distributed.distributed_run``)
 builds its history here.
 """
@@ -39,6 +40,8 @@ class History(NamedTuple):
     diverged:          ensembles only (None otherwise): (E,) bool, member e diverged and is frozen.
     frozen_at:         ensembles only: (E,) int64, the step of member e's last finite state (the one it is
                        frozen at; its records after that step hold NaN costs), -1 for a member still running.
+    theta_average:     the state's Polyak-Ruppert mean of theta (``State.average.mean``) stacked over
+                       records (leaves (R, *s)); None when the state carries no average.
 
     In an ensemble (``fwdtrain.ensemble``) every per-record field but ``step`` has a member axis after the
     record axis: t, cost, grad_norm, average_cost (R, E), theta leaves (R, E, *s);
@@ -59,6 +62,7 @@ class History(NamedTuple):
     interrupted: torch.Tensor | None = None
     diverged: torch.Tensor | None = None
     frozen_at: torch.Tensor | None = None
+    theta_average: Any = None
 
     @property
     def steps(self) -> int:
@@ -71,18 +75,22 @@ class History(NamedTuple):
         return None if self.carry is None else self.carry.get("noise")
 
     def numpy(self) -> dict[str, Any]:
-        """The records as numpy arrays: {"step", "t", "cost", "grad_norm", "theta", "average_cost"}."""
+        """The records as numpy arrays: {"step", "t", "cost", "grad_norm", "theta", "average_cost"} (and
+        "theta_average" when recorded)."""
         def as_array(x):
             return x.detach().cpu().numpy()
         out = {"step": as_array(self.step), "t": as_array(self.t), "cost": as_array(self.cost),
                "grad_norm": as_array(self.grad_norm), "theta": tree_map(as_array, self.theta)}
         if self.average_cost is not None:
             out["average_cost"] = as_array(self.average_cost)
+        if self.theta_average is not None:
+            out["theta_average"] = tree_map(as_array, self.theta_average)
         return out
 
 
 class Record(NamedTuple):
-    """One record before stacking: step n (int), t, cost, grad_norm, average_cost (0-d tensors), theta (a pytree)."""
+    """One record before stacking: step n (int), t, cost, grad_norm, average_cost (0-d tensors), theta (a pytree)
+    and theta_average (the averaged theta, or None)."""
 
     step: int
     t: torch.Tensor
@@ -90,6 +98,11 @@ class Record(NamedTuple):
     grad_norm: torch.Tensor
     average_cost: torch.Tensor
     theta: Any
+    theta_average: Any = None
+
+
+def _stack(trees: Sequence[Any]) -> Any:
+    return tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *trees)
 
 
 def empty_records(example: Any) -> Any:
@@ -99,18 +112,25 @@ def empty_records(example: Any) -> Any:
 
 def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = None, interrupted: bool = False,
           dtype: torch.dtype, device: torch.device | None = None, previous: History | None = None,
-          diverged: torch.Tensor | None = None, frozen_at: torch.Tensor | None = None) -> History:
-    """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced)."""
+          diverged: torch.Tensor | None = None, frozen_at: torch.Tensor | None = None,
+          empty_average: Any = None) -> History:
+    """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced).
+
+    ``empty_average``: the empty ``theta_average`` for no records (None: the records hold no average)."""
+    theta_average = empty_average
     if records:
         step = torch.tensor([r.step for r in records], dtype=torch.long)
         t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))
-        theta = tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *[r.theta for r in records])
+        theta = _stack([r.theta for r in records])
+        if all(r.theta_average is not None for r in records):
+            theta_average = _stack([r.theta_average for r in records])
     else:
         step = torch.zeros(0, dtype=torch.long)
         t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
         average = torch.zeros(0, dtype=torch.float64, device=device)
         theta = empty_theta
-    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at)
+    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at,
+                  theta_average)
     if previous is not None and len(previous.step):
         return concatenate([previous, new])
     return new
@@ -126,15 +146,20 @@ def concatenate(pieces: Sequence[History]) -> History | None:
     if len(kept) == 1:
         return kept[0]._replace(carry=last.carry, interrupted=last.interrupted, diverged=last.diverged,
                                 frozen_at=last.frozen_at)
+    averaged = all(p.theta_average is not None for p in kept)  # else a piece recorded none: dropped
     return last._replace(**{name: torch.cat([getattr(p, name) for p in kept]) for name in FIELDS},
-                         theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]))
+                         theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]),
+                         theta_average=tree_map(lambda *xs: torch.cat(xs), *[p.theta_average for p in kept])
+                         if averaged else None)
 
 
 def records(history: History, start: int | None = None, stop: int | None = None) -> History:
     """Records start:stop of ``history`` (as a Python slice; the carry and flag kept)."""
     cut = slice(start, stop)
+    average = history.theta_average
     return history._replace(**{name: getattr(history, name)[cut] for name in FIELDS},
-                            theta=tree_map(lambda leaf: leaf[cut], history.theta))
+                            theta=tree_map(lambda leaf: leaf[cut], history.theta),
+                            theta_average=None if average is None else tree_map(lambda leaf: leaf[cut], average))
 
 
 __all__ = ["History", "Record", "FIELDS", "build", "concatenate", "records", "empty_records"]

@@ -31,6 +31,7 @@ import inspect
 import math
 from typing import Any, Callable, Literal, NamedTuple
 
+import optree
 import torch
 
 from ._tree import squared_norm, tree_map
@@ -74,10 +75,14 @@ class RmsState(NamedTuple):
 
 
 class Average(NamedTuple):
-    """Polyak-Ruppert running mean of theta and the number of iterates in it (0-d int64)."""
+    """Polyak-Ruppert running mean of theta, the number of iterates in it (0-d int64) and, when the
+    average travels in a ``State``, its start time t0 (0-d float64; ``()``: given to ``average_update``).
+
+    ``()``, not None, marks "absent": torch.func.vmap refuses None among its outputs."""
 
     mean: PyTree
     count: torch.Tensor
+    start: Any = ()
 
 
 def _check(condition: bool, message: str) -> None:
@@ -87,6 +92,16 @@ def _check(condition: bool, message: str) -> None:
 
 def _zeros(theta: PyTree) -> PyTree:
     return tree_map(torch.zeros_like, theta)
+
+
+def _sqrt(v: torch.Tensor) -> torch.Tensor:
+    """sqrt(v) for v >= 0, with derivative 0 (not inf, which times 0 is NaN) where v = 0.
+
+    The same values as ``v.sqrt()`` bitwise; v = 0 occurs whenever a gradient entry is exactly
+    0 (e.g. a parameter the cost reaches only through the sensitivity, on the first step).
+    """
+    positive = v > 0
+    return torch.where(positive, torch.where(positive, v, torch.ones_like(v)).sqrt(), torch.zeros_like(v))
 
 
 # ---------------------------------------------------------------- the step and theta
@@ -175,7 +190,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             n = count.to(m.dtype)
             c1, c2 = 1 - b1 ** n, 1 - b2 ** n
-            return (m / c1) / (v.sqrt() / c2.sqrt() + eps)
+            return (m / c1) / (_sqrt(v) / c2.sqrt() + eps)
 
         return tree_map(direction, mu, nu), AdamState(count, mu, nu)
 
@@ -198,10 +213,10 @@ def scale_by_rms(decay: float = 0.99, eps: float = 1e-8, centered: bool = False)
         nu = tree_map(lambda v, g: decay * v + (1 - decay) * g * g, state.nu, gradient)
         if centered:
             mu = tree_map(lambda m, g: decay * m + (1 - decay) * g, state.mu, gradient)
-            direction = tree_map(lambda g, v, m: g / ((v - m * m).sqrt() + eps), gradient, nu, mu)
+            direction = tree_map(lambda g, v, m: g / (_sqrt(v - m * m) + eps), gradient, nu, mu)
         else:
             mu = state.mu
-            direction = tree_map(lambda g, v: g / (v.sqrt() + eps), gradient, nu)
+            direction = tree_map(lambda g, v: g / (_sqrt(v) + eps), gradient, nu)
         return direction, RmsState(nu, mu)
 
     return GradientTransformation(init, update)
@@ -281,33 +296,103 @@ def optimizer(name: Optimizer, **options: Any) -> GradientTransformation:
     return factory(**options)
 
 
+# ---------------------------------------------------------------- checks (on structure, before any step)
+
+
+def _signature(tree: PyTree) -> tuple:
+    """(structure, [(shape, dtype) per leaf]): what must agree between a state and a rule's ``init``."""
+    flat, spec = optree.tree_flatten(tree, none_is_leaf=False)
+    return spec, [(tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else (type(leaf).__name__,)
+                  for leaf in flat]
+
+
+def _describe(tree: PyTree) -> str:
+    """A short name for an optimiser state: "()" or e.g. "a tuple of (EmptyState, AdamState, EmptyState)"."""
+    if type(tree) is tuple and not tree:
+        return "() (no optimiser state: the plain update euler.descend)"
+
+    def named(node: Any) -> bool:
+        return isinstance(node, tuple) and hasattr(node, "_fields")
+
+    kinds = [type(node).__name__ for node in optree.tree_flatten(tree, is_leaf=named)[0] if named(node)]
+    return f"a {type(tree).__name__}" + (f" of ({', '.join(kinds)})" if kinds and not named(tree) else "")
+
+
+def check_opt_state(optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree,
+                    name: str = "state.opt_state") -> None:
+    """Raise ``ValueError`` unless ``opt_state`` has the structure, shapes and dtypes of ``optimizer.init(theta)``
+    (``()`` for ``optimizer`` None: the plain update ``euler.descend``). Checks structure only, so it
+    runs inside the user's transforms too."""
+    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
+        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+                        f"or None, got {type(optimizer).__name__}")
+    expected = () if optimizer is None else optimizer.init(theta)
+    if _signature(opt_state) == _signature(expected):
+        return
+    fix = ("make the state with fwdtrain.init(..., optimizer=<the same rule>) (or "
+           "state._replace(opt_state=optimizer.init(state.theta))), or step it with the rule it was made for")
+    given = "optimizer=None" if optimizer is None else "the optimizer given"
+    have, want = _describe(opt_state), _describe(expected)
+    if have == want:
+        have = f"{have} whose tensors' shapes or dtypes differ from theta's"
+    raise ValueError(f"{name} does not fit the optimizer: the state holds {have}, {given} expects {want}; {fix}")
+
+
+def check_average(average: Any, theta: PyTree, name: str = "state.average") -> None:
+    """Raise unless ``average`` is ``()`` (none) or an ``Average`` with a start time and a mean shaped like theta."""
+    if isinstance(average, tuple) and not average:
+        return
+    if not isinstance(average, Average):
+        raise TypeError(f"{name} must be a fwdtrain.optim.Average (from fwdtrain.init(..., average_from=t0)) "
+                        f"or None, got {type(average).__name__}")
+    if isinstance(average.start, tuple):
+        raise ValueError(f"{name} has no start time; build it with average_init(theta, average_from=t0)")
+    if _signature(average.mean) != _signature(theta):
+        raise ValueError(f"{name}.mean does not have the structure, shapes and dtypes of theta")
+
+
 # ---------------------------------------------------------------- Polyak-Ruppert averaging
 
 
-def average_init(theta: PyTree) -> Average:
-    """An empty running average: mean 0 (shaped like theta), count 0."""
-    return Average(_zeros(theta), torch.zeros((), dtype=torch.int64))
+def average_init(theta: PyTree, average_from: Any = None) -> Average:
+    """An empty running average: mean 0 (shaped like theta), count 0, start t0 = ``average_from``
+    (a number or 0-d tensor, kept as a 0-d float64 tensor; None: passed to each ``average_update``)."""
+    first = next(iter(optree.tree_leaves(theta)), None)
+    device = first.device if isinstance(first, torch.Tensor) else None
+    start: Any = ()
+    if average_from is not None:
+        if isinstance(average_from, bool) or not isinstance(average_from, (int, float, torch.Tensor)):
+            raise TypeError(f"average_from must be a number (the time t0 the average starts) or None, "
+                            f"got {type(average_from).__name__}")
+        start = torch.as_tensor(average_from, dtype=torch.float64, device=device).clone()
+        if start.ndim != 0:
+            raise ValueError(f"average_from must be one number, got shape {tuple(start.shape)}")
+    return Average(_zeros(theta), torch.zeros((), dtype=torch.int64, device=device), start)
 
 
-def average_update(average: Average, theta: PyTree, t: Any, *, average_from: float) -> Average:
-    """Include theta_n in the mean when t_n >= t0 = ``average_from``, branch-free:
+def average_update(average: Average, theta: PyTree, t: Any, *, average_from: Any = None) -> Average:
+    """Include theta_n in the mean when t_n >= t0 = ``average_from`` (default ``average.start``), branch-free:
 
         k_n = k + 1[t_n >= t0],   mean_n = mean + 1[t_n >= t0] (theta_n - mean) / k_n
 
     so after the run, mean = (1/K) sum_{n: t_n >= t0} theta_n. Works under vmap (t may be batched).
     """
+    start = average.start if average_from is None else average_from
+    if isinstance(start, tuple):
+        raise ValueError("average_update needs the start time: pass average_from=t0 or build the average "
+                         "with average_init(theta, average_from=t0)")
     t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
-    include = t >= average_from
+    include = t >= start
     count = average.count + include.to(average.count.dtype)
     denominator = count.clamp(min=1)
     mean = tree_map(lambda m, th: torch.where(include, m + (th - m) / denominator.to(m.dtype), m),
                     average.mean, theta)
-    return Average(mean, count)
+    return Average(mean, count, average.start)
 
 
 __all__ = [
     "GradientTransformation", "EmptyState", "MomentumState", "AdamState", "RmsState", "Average",
     "Optimizer", "OPTIMIZERS", "optimizer", "apply_updates", "chain", "scale_by_rate", "scale_by_momentum",
     "scale_by_adam", "scale_by_rms", "clip_by_global_norm", "sgd", "momentum", "adam", "rmsprop",
-    "average_init", "average_update",
+    "average_init", "average_update", "check_opt_state", "check_average",
 ]

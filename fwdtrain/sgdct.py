@@ -24,11 +24,13 @@ from torch.func import vjp, vmap
 from . import _checks
 from ._tree import squared_norm, tree_map
 from .driver import run
-from .euler import GradientReduce, LearningRate, StepInfo, learning_rate
+from .euler import GradientReduce, LearningRate, StepInfo, average_step, learning_rate, update_parameters
 from .history import History
+from .optim import GradientTransformation
 from .problem import SDE, Theta
 from .sensitivity import Mode
 from .state import State, evaluate_once
+from .stepping import check_training_state
 
 
 class SGDCTState(NamedTuple):
@@ -71,6 +73,14 @@ def _one_path(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any
     return ascent, (residual * weighted).sum()
 
 
+def _ascent(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any) -> tuple[Any, torch.Tensor]:
+    """(J' a^{-1} r, r' a^{-1} r) for one path x (d,), or their means over P paths x (P, d)."""
+    if x.ndim == 1:
+        return _one_path(sde, theta, x, dx, dt)
+    ascent, quadratic = vmap(lambda xi, dxi: _one_path(sde, theta, xi, dxi, dt))(x, dx)
+    return tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
+
+
 def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
             alpha: Any) -> tuple[SGDCTState, SGDCTInfo]:
     """One SGDCT step without input checks (see the module docstring).
@@ -78,11 +88,7 @@ def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: 
     x, dx (d,): one path; (P, d): P independent paths observed together, whose updates are averaged.
     Pure and transformable (``torch.func.grad``, ``vmap``, ...): no ``no_grad``, no ``.item()``.
     """
-    if x.ndim == 1:
-        ascent, quadratic = _one_path(sde, state.theta, x, dx, dt)
-    else:
-        ascent, quadratic = vmap(lambda xi, dxi: _one_path(sde, state.theta, xi, dxi, dt))(x, dx)
-        ascent, quadratic = tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
+    ascent, quadratic = _ascent(sde, state.theta, x, dx, dt)
     theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
     info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
     return SGDCTState(theta, state.t + dt), info
@@ -100,13 +106,19 @@ class DriftEstimation(NamedTuple):
 
     sde: SDE
     single: bool = False
+    optimizer: GradientTransformation | None = None  # the update rule (fwdtrain.optim); None: SGDCT's own
+
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> "DriftEstimation":
+        """This estimation updated by ``optimizer`` applied to G = -direction (its state in ``State.opt_state``)."""
+        return self._replace(optimizer=optimizer)
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
-        """The input checks of ``step`` for the observation state.x."""
+        """The input checks of ``step`` for the observation state.x, and the optimiser state's fit."""
         if not isinstance(state, State):
             raise TypeError(f"expected a fwdtrain.State (from sgdct.as_state), got {type(state).__name__}")
         x = state.x[0] if self.single else state.x
         check_inputs(self.sde, SGDCTState(state.theta, state.t), x, torch.zeros_like(x), dt, lr)
+        check_training_state(state, self.optimizer)
 
     def resolve_mode(self, state: State, mode: Mode) -> str:
         """SGDCT takes one vector-Jacobian product; it has no forward mode."""
@@ -125,8 +137,16 @@ class DriftEstimation(NamedTuple):
             raise ValueError("SGDCT on one observed path has no gradient to reduce across processes; "
                              "run it in a single process")
         x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
-        estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
-        return State(state.x + dw, state.x_tilde, estimate.theta, estimate.t), StepInfo(info.loss, info.direction)
+        if self.optimizer is None:  # SGDCT's own update theta + alpha J' a^{-1} r, bitwise as before
+            estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
+            new = state._replace(x=state.x + dw, theta=estimate.theta, t=estimate.t)
+            return new._replace(average=average_step(state.average, new.theta, new.t)), StepInfo(info.loss,
+                                                                                                 info.direction)
+        ascent, quadratic = _ascent(self.sde, state.theta, x, dx, dt)
+        direction = tree_map(lambda g: g / dt, ascent)
+        gradient = tree_map(torch.neg, direction)  # descent on the loss: G = -direction
+        new = update_parameters(state, gradient, alpha, dt, self.optimizer)._replace(x=state.x + dw)
+        return new, StepInfo(quadratic / (2 * dt), direction)
 
     def record(self, state: State) -> Any:
         """theta, recorded in the history."""
@@ -135,7 +155,7 @@ class DriftEstimation(NamedTuple):
 
 def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
     """The driver's state for ``DriftEstimation``: the observations x0 (P, d) (a single path (d,) as (1, d))
-    with the estimator's theta and t."""
+    with the estimator's theta and t (add an optimiser's state with ``fwdtrain.state.with_optimizer``)."""
     return State(x0[None] if x0.ndim == 1 else x0, (), state.theta, state.t)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from . import _checks
 from ._tree import tree_map
+from .optim import GradientTransformation, average_init
 from .problem import SDE, Coefficients, ControlledSDE, Theta, check_noise_type
 
 
@@ -19,12 +20,20 @@ class State(NamedTuple):
     theta:   the shared parameters (a pytree of tensors).
     t:       0-d tensor, the current time; float64 whatever the dtype of x (a float32 clock
              drifts by ~1e-3 after 10^4 steps and stops at t = 2^18 steps of 0.01).
+    opt_state: the update rule's state, ``optimizer.init(theta)`` (``fwdtrain.optim``); ``()`` for
+             the plain update theta <- theta - alpha h G (``euler.descend``), the default.
+    average: ``fwdtrain.optim.Average``, the Polyak-Ruppert mean of theta over t_n >= t0; ``()``: none.
+
+    "Absent" is ``()``, not None: an empty node in every pytree library, so ``torch.func.vmap``
+    (which refuses None outputs) and ``tree_map`` see a State with or without an optimiser alike.
     """
 
     x: torch.Tensor
     x_tilde: Any
     theta: Theta
     t: torch.Tensor
+    opt_state: Any = ()
+    average: Any = ()
 
     @property
     def particles(self) -> int:
@@ -109,7 +118,20 @@ def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
     return sigma.shape[-1]
 
 
+def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *,
+                   average_from: Any = None) -> State:
+    """``state`` with the rule's state ``optimizer.init(theta)`` (``()`` for None: plain sgd) and, for
+    ``average_from`` = t0, an empty Polyak-Ruppert average that starts at t0 (``()`` for None)."""
+    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
+        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+                        f"or None, got {type(optimizer).__name__}")
+    opt_state = () if optimizer is None else optimizer.init(state.theta)
+    average = () if average_from is None else average_init(state.theta, average_from)
+    return state._replace(opt_state=opt_state, average=average)
+
+
 def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
+         optimizer: GradientTransformation | None = None, average_from: Any = None,
          allow_low_precision: bool = False) -> State:
     """The state at t = 0: x = x0 for every particle, x_tilde = 0.
 
@@ -119,6 +141,8 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
     ``torch.func`` transforms see through ``init``: ``jacfwd(lambda th: step(..., init(sde, th, x0), ...).x)``
     is dX/dtheta0. theta and x0 must be float32 or float64; bfloat16/float16 need
     ``allow_low_precision=True`` (their rounding can swallow the update alpha h G).
+    ``optimizer`` (a ``fwdtrain.optim`` rule) sets ``opt_state = optimizer.init(theta)``; step the state
+    with the same rule. ``average_from=t0`` starts a Polyak-Ruppert average of theta over t_n >= t0.
     """
     if not isinstance(sde, SDE):
         raise TypeError(f"init(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
@@ -143,4 +167,5 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
     evaluate_once(sde, theta, x[0])
     check_noise_type(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
-    return State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))
+    state = State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))
+    return with_optimizer(state, optimizer, average_from=average_from)

@@ -18,13 +18,15 @@ from . import _checks
 from ._tree import leaves
 from .compiled import STEP_OPTIONS, CompiledOrEager, canonical_strides
 from .euler import LearningRate, StepInfo, advance, learning_rate, resolve_step_mode
+from .optim import GradientTransformation, check_average, check_opt_state
 from .problem import SDE
 from .sensitivity import Mode
 from .state import State
 
 
-def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
-    """Raise a clear error for anything ``step`` cannot use."""
+def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any,
+                      optimizer: GradientTransformation | None = None) -> None:
+    """Raise a clear error for anything ``step`` cannot use (an opt_state that is not ``optimizer``'s included)."""
     if not isinstance(sde, SDE):
         raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
     if not isinstance(state, State):
@@ -42,13 +44,21 @@ def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any
         raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies "
                          "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)")
     _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
+    check_training_state(state, optimizer)
+
+
+def check_training_state(state: State, optimizer: GradientTransformation | None) -> None:
+    """Raise unless state.opt_state is ``optimizer``'s and state.average is ``()`` or an ``Average`` of theta."""
+    check_opt_state(optimizer, state.opt_state, state.theta)
+    check_average(state.average, state.theta)
 
 
 @functools.cache
 def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
     """``advance`` under torch.compile, built on first use; torch keeps one graph per (sde, dt, mode)."""
-    def kernel(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor, mode: str):
-        new_state, info = advance(sde, state, dw, dt, alpha, mode)
+    def kernel(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor, mode: str,
+               optimizer: GradientTransformation | None):
+        new_state, info = advance(sde, state, dw, dt, alpha, mode, optimizer=optimizer)
         return canonical_strides(new_state), info
 
     return CompiledOrEager(kernel, "step", "inductor", STEP_OPTIONS)
@@ -56,22 +66,23 @@ def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
 
 def step_with_info(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
-    compile: bool = False,
+    compile: bool = False, optimizer: GradientTransformation | None = None,
 ) -> tuple[State, StepInfo]:
     """``step`` that also returns the particle-mean cost and gradient estimate at time n."""
-    check_step_inputs(sde, state, dw, dt, lr)
+    check_step_inputs(sde, state, dw, dt, lr, optimizer)
     resolved = resolve_step_mode(mode, state, dw.shape[1], sde)
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
     if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, dt, alpha))):
-        return advance(sde, state, dw, dt, alpha, resolved)  # eager; also inside the user's torch.func transform
+        # eager; also inside the user's torch.func transform
+        return advance(sde, state, dw, dt, alpha, resolved, optimizer=optimizer)
     alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
-    return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved)
+    return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved, optimizer)
 
 
 def step(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto",
-    compile: bool = False,
+    compile: bool = False, optimizer: GradientTransformation | None = None,
 ) -> State:
     """One pure Euler-Maruyama step of the forward-propagation algorithm.
 
@@ -86,6 +97,9 @@ def step(
       compile: run the step through ``torch.compile`` (the first call per problem and dt
              compiles, for seconds; later calls reuse the graph). In a loop of your own,
              ``fwdtrain.compile_advance`` or ``run(..., compile=True)`` is the direct route.
+      optimizer: the ``fwdtrain.optim`` rule (e.g. ``adam()``) whose state is ``state.opt_state``
+             (made by ``init(..., optimizer=...)``; a mismatch raises ``ValueError`` before the step).
+             None (default): theta_{n+1} = theta_n - alpha h G_n, the plain update.
 
     Returns the new ``State``; no tensor in it requires grad or has a grad_fn.
 
@@ -95,7 +109,7 @@ def step(
     value checks (finite, >= 0, requires_grad) only on concrete tensors. With ``compile=True``
     inside a transform the step runs eagerly (torch.compile cannot trace the transform's tensors).
     """
-    return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile)[0]
+    return step_with_info(sde, state, dw, dt, lr, mode=mode, compile=compile, optimizer=optimizer)[0]
 
 
-__all__ = ["step", "step_with_info", "check_step_inputs"]
+__all__ = ["step", "step_with_info", "check_step_inputs", "check_training_state"]

@@ -20,6 +20,10 @@ Optional member hooks, for a problem made of E independent members (``fwdtrain.e
   noise_source(seed, dt, state, saved)  the members' noise source (from the history's ``saved`` position)
 
 With them the driver freezes a diverged member at its last checked state and goes on with the others.
+
+The update rule (a ``fwdtrain.optim`` transformation: code, not data) is bound to the problem
+side, ``CostForm(sde, optimizer)``; its state travels in ``State.opt_state``. A problem that can
+take a rule has ``with_optimizer(optimizer) -> problem``, which ``as_trainable`` calls.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from .euler import GradientReduce, StepInfo, advance, resolve_step_mode
+from .optim import GradientTransformation
 from .problem import SDE
 from .sensitivity import Mode
 from .state import State, noise_dim
@@ -57,14 +62,19 @@ class Trainable(Protocol):
 
 
 class CostForm(NamedTuple):
-    """The cost-form SDE as a ``Trainable``: ``fwdtrain.euler.advance`` with the SDE bound."""
+    """The cost-form SDE as a ``Trainable``: ``fwdtrain.euler.advance`` with the SDE and the update rule
+    (None: plain sgd) bound."""
 
     sde: SDE
+    optimizer: GradientTransformation | None = None
+
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> "CostForm":
+        return self._replace(optimizer=optimizer)
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
         m = noise_dim(self.sde, state.theta, state.x)
         dw = torch.zeros((state.particles, max(m, 1)), dtype=state.x.dtype, device=state.x.device)
-        check_step_inputs(self.sde, state, dw, dt, lr)
+        check_step_inputs(self.sde, state, dw, dt, lr, self.optimizer)
 
     def resolve_mode(self, state: State, mode: Mode) -> str:
         return resolve_step_mode(mode, state, noise_dim(self.sde, state.theta, state.x))
@@ -74,18 +84,30 @@ class CostForm(NamedTuple):
 
     def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
                 reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
-        return advance(self.sde, state, dw, dt, alpha, mode, reduce)
+        return advance(self.sde, state, dw, dt, alpha, mode, reduce, self.optimizer)
 
     def record(self, state: State) -> Any:
         return state.theta
 
 
-def as_trainable(problem: Any) -> Trainable:
-    """``problem`` as a ``Trainable``: an ``SDE`` (or ``ControlledSDE``) is wrapped in ``CostForm``."""
+def as_trainable(problem: Any, optimizer: GradientTransformation | None = None) -> Trainable:
+    """``problem`` as a ``Trainable``: an ``SDE`` (or ``ControlledSDE``) is wrapped in ``CostForm``.
+
+    ``optimizer`` (a ``fwdtrain.optim`` rule) is bound with the problem's ``with_optimizer``; None
+    keeps the problem's own (plain sgd unless it was built with one).
+    """
+    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
+        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+                        f"or None, got {type(optimizer).__name__}")
     if isinstance(problem, SDE):
-        return CostForm(problem)
+        return CostForm(problem, optimizer)
     if isinstance(problem, Trainable):
-        return problem
+        if optimizer is None:
+            return problem
+        if not callable(getattr(problem, "with_optimizer", None)):
+            raise NotImplementedError(f"{type(problem).__name__} does not take an optimizer (it has no "
+                                      f"with_optimizer method); train it with the plain update (optimizer=None)")
+        return problem.with_optimizer(optimizer)
     raise TypeError(f"expected a problem to train: a fwdtrain.SDE or ControlledSDE, a calibration.Calibration, "
                     f"an sgdct.DriftEstimation or another fwdtrain.trainable.Trainable; got {type(problem).__name__}")
 

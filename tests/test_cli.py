@@ -195,3 +195,13 @@ def test_ensemble_prints_each_member_and_the_spread(registry, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["ensemble"] == 2
     assert cli.main(["tiny", "--resume", str(path), "--ensemble", "3", "--no-plot"]) == 2
     assert "holds an ensemble of 2" in capsys.readouterr().err
+
+
+def test_ensemble_with_an_optimizer_and_averaging(registry, capsys):
+    """--ensemble with --optimizer adam --average-from: each member reports its averaged theta too."""
+    assert cli.main(["tiny", "--steps", "30", "--ensemble", "2", "--optimizer", "adam", "--average-from", "0.1",
+                     "--json", "--no-plot"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for m in result["members"]:
+        assert m["optimizer"] == "adam" and m["average_from"] == 0.1 and m["averaged_iterates"] == 20
+        assert "averaged" in m["metrics"]["slope"]

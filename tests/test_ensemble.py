@@ -237,3 +237,21 @@ def test_inductor_compiles_the_vmapped_step():
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
         else:
             assert torch.equal(a, b)
+
+
+def test_ensemble_with_adam_and_averaging_equals_the_separate_runs():
+    """The optimiser state and the Polyak average travel per member (one rule for all)."""
+    exs = [ft.examples.lqr_1d(particles=4, dtype=f64, seed=s, hidden=4) for s in (0, 1)]
+    sde, rule = exs[0].sde, ft.optim.adam()
+    singles = [ft.init(sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.1) for ex in exs]
+    final, history = en.run(sde, en.stack(singles), 30, DT, 0.05, seed=4, record_every=10, progress=False,
+                            optimizer=rule)
+    assert history.theta_average is not None
+    for e in range(2):
+        alone, alone_history = single(sde, singles[e], 30, 0.05, 4 + e, optimizer=rule)
+        assert torch.allclose(en.member(final, e).average.mean["weight0"], alone.average.mean["weight0"],
+                              rtol=1e-12, atol=1e-14)
+        for got, want in zip(leaves(en.member(final, e)), leaves(alone)):
+            assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+        assert torch.allclose(en.member_history(history, e).theta_average["weight0"],
+                              alone_history.theta_average["weight0"], rtol=1e-12, atol=1e-14)

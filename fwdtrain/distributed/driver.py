@@ -76,6 +76,7 @@ def distributed_run(
     checkpoint: Checkpointing | str | os.PathLike | None = None,
     compile: bool | str = "auto",
     fuse: int = 1,
+    optimizer: Any = None,
 ) -> tuple[State, History]:
     """``fwdtrain.run`` for this rank's particles with the group's theta; every rank calls it alike.
 
@@ -85,7 +86,8 @@ def distributed_run(
     with sum_r N_r particles driven by the ranks' noise concatenated along the particle
     axis (with ``every`` > 1, see ``GradientMean``). ``problem`` is any problem ``run`` takes
     whose gradient is a particle mean (an SDE, a ``Calibration``); ``compile`` and ``fuse``
-    as for ``run`` (the gradient collective runs between compiled pieces).
+    as for ``run`` (the gradient collective runs between compiled pieces); ``optimizer`` as for ``run``
+    (every rank applies the rule to the same reduced gradient, so opt_state stays equal across ranks).
 
     Every ``check_every`` steps (at step ``history.steps`` first, and at the end) one
     ``check_group`` collective confirms every rank; otherwise every rank raises
@@ -119,7 +121,7 @@ def distributed_run(
         reduce = gradient_mean(every, weight=state.particles, start=start)
         loop = setup(problem, state, steps, dt, lr, rank_seed(seed), record_every=record_every, mode=mode,
                      history=history, chunk=chunk, bound=bound, check_every=check_every, progress=False,
-                     reduce=reduce, compile=compile, fuse=fuse)
+                     reduce=reduce, compile=compile, fuse=fuse, optimizer=optimizer)
         if checkpoint is not None and is_main():
             probe(checkpoint.path)
     except Exception as caught:  # noqa: BLE001 - re-raised after the check

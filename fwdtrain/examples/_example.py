@@ -48,11 +48,14 @@ class Example(NamedTuple):
         return self.sde if self.problem is None else self.problem
 
     def initial_state(self, state: State | None = None) -> State:
-        """The problem's first state, from ``state`` (default ``fwdtrain.init(sde, theta, x0, particles)``)."""
+        """The problem's first state, from ``state`` (default ``fwdtrain.init(sde, theta, x0, particles)``);
+        its opt_state and average are kept."""
         from ..state import init
 
         state = init(self.sde, self.theta, self.x0, self.particles) if state is None else state
-        return state if self.start is None else self.start(state)
+        if self.start is None:
+            return state
+        return self.start(state)._replace(opt_state=state.opt_state, average=state.average)  # the rule's state kept
 
     def train(self, state: State | None = None, steps: int | None = None, seed: int = 0,
               **options: Any) -> tuple[State, History]:
