@@ -35,6 +35,7 @@ import contextlib
 import functools
 import logging
 import os
+import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -150,6 +151,18 @@ def _thread_options(args: tuple) -> dict:
     return {"cpp.threads": 1} if numbers < SINGLE_THREAD_BELOW else {}
 
 
+def _own_code(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own. Dynamo keeps its compiled graphs, and counts recompiles
+    against ``recompile_limit`` (8), per code object: every kernel built here shares one code object
+    (e.g. ``compile_advance``'s ``one_step``), so the ninth problem compiled in one process would fall
+    back to eager. A copy of the code per kernel gives each its own cache."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return own
+
+
 class CompiledOrEager:
     """Call ``torch.compile(fn)``; on the first failure warn and call ``fn`` eagerly for good."""
 
@@ -169,7 +182,8 @@ class CompiledOrEager:
         extra = {}
         if self.options and self.backend == "inductor":
             extra = {"options": {**_thread_options(args), **self.options}}
-        return torch.compile(self.eager, fullgraph=self.fullgraph, dynamic=False, backend=self.backend, **extra)
+        return torch.compile(_own_code(self.eager), fullgraph=self.fullgraph, dynamic=False, backend=self.backend,
+                             **extra)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is not None and not all(_checks.is_concrete(leaf) for leaf in leaves(args)):

@@ -53,11 +53,12 @@ def check_training_state(state: State, optimizer: GradientTransformation | None)
     check_average(state.average, state.theta)
 
 
-@functools.cache
-def _compiled_advance() -> Callable[..., tuple[State, StepInfo]]:
-    """``advance`` under torch.compile, built on first use; torch keeps one graph per (sde, dt, mode)."""
-    def kernel(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor, mode: str,
-               optimizer: GradientTransformation | None):
+@functools.lru_cache(maxsize=64)
+def _compiled_advance(sde: SDE, mode: str, optimizer: GradientTransformation | None
+                      ) -> Callable[..., tuple[State, StepInfo]]:
+    """``advance`` of ``sde`` under torch.compile, one kernel per (sde, mode, optimizer), so that dynamo's
+    recompile limit counts per problem; built on first use; torch keeps one graph per dt."""
+    def kernel(state: State, dw: torch.Tensor, dt: Any, alpha: torch.Tensor):
         new_state, info = advance(sde, state, dw, dt, alpha, mode, optimizer=optimizer)
         return canonical_strides(new_state), info
 
@@ -77,7 +78,7 @@ def step_with_info(
         # eager; also inside the user's torch.func transform
         return advance(sde, state, dw, dt, alpha, resolved, optimizer=optimizer)
     alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
-    return _compiled_advance()(sde, state, dw, float(dt), alpha, resolved, optimizer)
+    return _compiled_advance(sde, resolved, optimizer)(state, dw, float(dt), alpha)
 
 
 def step(

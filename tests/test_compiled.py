@@ -186,3 +186,17 @@ def test_step_with_compile_equals_eager_step(problem):
         eager = ft.step(sde, eager, dw, DT, ft.schedules.inverse_time(1.0), mode="reverse")
     assert_trees_close(compiled, eager)
     assert all(leaf.grad_fn is None for leaf in leaves(compiled))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_many_problems_in_one_process_each_get_their_own_compiled_kernel():
+    """Dynamo counts recompiles per code object (limit 8): twelve different problems compiled in one
+    process must not fall back to eager (each kernel has its own code object)."""
+    for i in range(12):
+        control = eval(f"lambda th, x: -th['k'] * x * {1 + i / 100}")  # a new code object per problem
+        sde = ft.ControlledSDE(control=control, drift=lambda x, u: -x + u,
+                               diffusion=lambda x, u: torch.ones_like(x), cost=lambda x, u: (x * x + u * u).sum())
+        state = ft.init(sde, {"k": torch.tensor(0.2, dtype=torch.float64)}, torch.ones(1, dtype=torch.float64), 3)
+        eager, _ = ft.run(sde, state, 4, DT, 0.1, compile=False, progress=False)
+        traced, _ = ft.run(sde, state, 4, DT, 0.1, compile="eager", progress=False)
+        assert torch.equal(eager.theta["k"], traced.theta["k"])
