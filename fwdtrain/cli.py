@@ -250,6 +250,9 @@ def _evaluate(args: argparse.Namespace, example: Any, problem: str, state: Any, 
 
 def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
     """Train and evaluate; the result on rank 0, {"quiet": True, "interrupted": ...} on the other ranks."""
+    if args.compile is False and args.fuse > 1:
+        raise ValueError(f"--fuse {args.fuse} runs compiled chunks of steps but --no-compile asks for the eager step; "
+                         f"drop one of them")
     grouped = distributed.is_initialized()
     size = distributed.world_size() if grouped else 1
     checkpoint, saved = _resume(args, explicit_problem, grouped)

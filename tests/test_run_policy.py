@@ -101,3 +101,8 @@ def test_ensemble_learning_rates_are_checked_per_member_at_both_ends():
     final, history = ft.run_ensemble(sde, states, 20, DT, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
                                      progress=False)
     assert final.t.shape == (3,) and not bool(history.diverged.any())
+
+
+def test_cli_refuses_no_compile_with_fuse(capsys):
+    assert cli.main(["lqr-1d", "--no-compile", "--fuse", "4", "--steps", "8", "--no-plot"]) == 2
+    assert "--fuse 4 runs compiled chunks of steps but --no-compile" in capsys.readouterr().err
