@@ -19,7 +19,7 @@ import torch
 from ._tree import leaves, tree_map
 from .optim import GradientTransformation, apply_updates, average_update
 from .problem import SDE, Coefficients, ControlledSDE
-from .sensitivity import Mode, linearise_particles, resolve_mode
+from .sensitivity import Mode, linearise_particles, resolve_mode, structured_pays
 from .state import State
 
 LearningRate = Union[float, torch.Tensor, Callable[[torch.Tensor], Any]]
@@ -57,18 +57,22 @@ def resolve_step_mode(mode: Mode, state: State, noise_dim: int, sde: SDE | None 
     """The derivative mode for a state: ``mode`` itself, or for "auto" the one with fewer passes
     through the theta-dependent function (``fwdtrain.sensitivity``), forward costing p passes:
 
-    - a ``ControlledSDE`` (structure-aware route): reverse k passes, k the control's outputs
-      (the control is evaluated once at the first particle to count them);
-    - any other SDE (or ``sde`` None): reverse d + d m + 1 passes (a full diffusion), or
-      d + 1 when the noise is declared additive.
+    - any SDE (or ``sde`` None): reverse d + d m + 1 passes (a full diffusion), or d + 1 when
+      the noise is declared additive;
+    - a ``ControlledSDE`` whose structure-aware route pays (``sensitivity.structured_pays``):
+      reverse k passes, k the control's outputs (the control is evaluated once at the first
+      particle to count them).
     """
     parameters = sum(leaf.numel() for leaf in leaves(state.theta))
     if mode != "auto" or sde is None:
         return resolve_mode(mode, state.dim * (1 + noise_dim) + 1, parameters)
-    if isinstance(sde, ControlledSDE):
-        return resolve_mode(mode, sde.control(state.theta, state.x[0]).numel(), parameters)
     sigma_outputs = 0 if sde.noise_type == "additive" else state.dim * noise_dim
-    return resolve_mode(mode, state.dim + sigma_outputs + 1, parameters)
+    outputs = state.dim + sigma_outputs + 1
+    if isinstance(sde, ControlledSDE):
+        k = sde.control(state.theta, state.x[0]).numel()
+        if structured_pays("reverse", k, state.dim, outputs):
+            return resolve_mode(mode, k, parameters)
+    return resolve_mode(mode, outputs, parameters)
 
 
 GradientReduce = Callable[[Any], Any]

@@ -62,7 +62,7 @@ def test_structured_route_equals_generic_route(noise, mode):
     sde, theta = controlled(noise), _theta()
     x = torch.tensor([[0.5, -0.3], [0.1, 0.9], [-1.2, 0.4]], dtype=F64)
     x_tilde = _random_sensitivity(theta, 3)
-    structured = linearise_particles(sde, theta, x, x_tilde, mode)
+    structured = linearise_particles(sde, theta, x, x_tilde, mode, route="structured")
     generic = linearise_particles(sde.coefficients, theta, x, x_tilde, mode)
     for left, right in zip(leaves(structured), leaves(generic), strict=True):
         torch.testing.assert_close(left, right, rtol=1e-12, atol=1e-12)
@@ -113,8 +113,8 @@ def test_additive_skips_the_diffusion_derivative(problem, mode):
         (sde, theta), (inferred, _) = _additive_plain(), _additive_plain(None)
     x = torch.tensor([[0.5, -0.3], [0.1, 0.9]], dtype=F64)
     x_tilde = _random_sensitivity(theta, 2)
-    lin = linearise_particles(sde, theta, x, x_tilde, mode)
-    assert lin.total.sigma is None
+    for route in ("structured", "generic"):
+        assert linearise_particles(sde, theta, x, x_tilde, mode, route=route).total.sigma is None
     assert linearise_particles(inferred, theta, x, x_tilde, mode).total.sigma is not None
     state = ft.init(sde, theta, x)._replace(x_tilde=x_tilde)
     dw = torch.randn(2, ft.state.noise_dim(sde, theta, x), dtype=F64, generator=torch.Generator().manual_seed(4))
@@ -190,7 +190,7 @@ def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
         state = ft.State(x0, tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_), theta_,
                          torch.zeros((), dtype=F64))
         for dw in noise_draws:
-            value, total = linearise_particles(sde, theta_, state.x, state.x_tilde, "reverse")
+            value, total = linearise_particles(sde, theta_, state.x, state.x_tilde, "reverse", route="structured")
             x, x_tilde = euler_update(state, value, total, dw, 0.01)
             state = ft.State(x, x_tilde, theta_, state.t + 0.01)
         return state.x, state.x_tilde
@@ -222,3 +222,33 @@ def test_reverse_jacobian_equals_jacrev(outputs):
     for got, want in zip(leaves(jacobians), leaves(expected), strict=True):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops():
+    from fwdtrain.sensitivity import structured_pays
+
+    assert not structured_pays("reverse", 1, 1, 2)      # lqr-1d: k = 1, n = d + 1 = 2 (a tie: generic)
+    assert not structured_pays("reverse", 10, 10, 21)   # the 10-D LQR: k = d = 10, n = 21
+    assert structured_pays("reverse", 1, 2, 9)          # a scalar control, general 2 x 3 noise: n = 9
+    assert not structured_pays("forward", 1, 2, 9)      # forward mode: the contractions are extra work
+    scalar = ft.ControlledSDE(lambda th, x: th["w2"][:1] @ torch.tanh(th["w1"] @ x + th["b1"]), _drift_1,
+                              _diffusion_1, lambda x, u: (x ** 2).sum() + (u ** 2).sum())
+    theta, x0 = _theta(), torch.tensor([0.5, -0.3], dtype=F64)
+    state = ft.init(scalar, theta, x0)
+    assert resolve_step_mode("auto", state, 3, scalar) == "reverse"
+    x_tilde = _random_sensitivity(theta, 1)
+    auto = linearise_particles(scalar, theta, x0[None], x_tilde, "reverse")
+    structured = linearise_particles(scalar, theta, x0[None], x_tilde, "reverse", route="structured")
+    for left, right in zip(leaves(auto), leaves(structured), strict=True):
+        assert torch.equal(left, right)  # the same computation: auto took the structured route
+    with pytest.raises(ValueError, match="route must be"):
+        ft.linearise(scalar, theta, x0, tree_map(lambda t: t[0], x_tilde), "reverse", route="fast")
+
+
+def _drift_1(x, u):
+    return torch.stack([-x[0] + u[0], -0.5 * x[1] + 0.2 * u[0]])
+
+
+def _diffusion_1(x, u):  # (2, 3), depends on x and the scalar control
+    return torch.stack([torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[0])]),
+                        torch.stack([0.02 * x[0] * u[0], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]])])
