@@ -34,7 +34,8 @@ Which route: the structured one saves pullbacks through the network (k instead o
 the contractions h_u D u; per parameter it costs k (B + d) + n (d + k) flops against the generic
 n (B + d), B ~ 3 the cost of one pullback. It pays only for controls of fewer than B outputs with
 many coefficient outputs (``structured_pays``), so ``route="auto"`` takes it there and the generic
-route elsewhere (measured compiled: generic 1.6x faster on lqr-1d, 1.75x on the 10-D LQR);
+route elsewhere (measured compiled: structured 1.6x faster on lqr-1d at N >= 100, generic 2.1x faster
+on the 10-D LQR);
 ``route="structured"`` forces it. Modes ("auto", ``resolve_mode``) count passes through the
 theta-dependent function: reverse n = d + numel(sigma) + 1 (numel(sigma) = 0 when additive) or k
 on the structured route, forward p.
@@ -110,14 +111,15 @@ def structured_pays(mode: str, control_outputs: int, dim: int, outputs: int) -> 
 
     Reverse: generic n (B + d) (n pullbacks through the network, then h_x Xtilde) against structured
     k (B + d) + n (d + k) (k pullbacks and D u, then h_x Xtilde + h_u D u): structured pays iff
-    k (B + d) < n (B - k), i.e. only for a control of k < B outputs with many coefficient outputs n
-    (e.g. general noise). Forward: both take p passes, the structured one adds the contractions: never.
-    Measured (compiled, fused, one thread): generic 1.6x the structured route's steps/s on lqr-1d at
-    N = 1 (k = 1, n = 2: a tie in flops) and 1.75x on the 10-D LQR (k = 10, n = 21).
+    k (B + d) <= n (B - k), i.e. only for a control of k < B outputs (ties go to the structured route).
+    Forward: both take p passes, the structured one adds the contractions: never.
+    Measured (bench_step, compiled and fused, one thread): on lqr-1d (k = 1, n = 2, a tie in flops) the
+    structured route ran 1.6x the generic one's particle-steps/s at N = 100 and N = 10^4 (equal at N = 1);
+    on the 10-D LQR (k = 10, n = 21) the generic route ran 2.1x the structured one's.
     """
     if mode != "reverse":
         return False
-    return control_outputs * (PULLBACK_COST + dim) < outputs * (PULLBACK_COST - control_outputs)
+    return control_outputs * (PULLBACK_COST + dim) <= outputs * (PULLBACK_COST - control_outputs)
 
 
 def _structured(sde: ControlledSDE, theta: Theta, x: torch.Tensor, mode: str) -> bool:

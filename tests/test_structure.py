@@ -227,7 +227,7 @@ def test_reverse_jacobian_equals_jacrev(outputs):
 def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops():
     from fwdtrain.sensitivity import structured_pays
 
-    assert not structured_pays("reverse", 1, 1, 2)      # lqr-1d: k = 1, n = d + 1 = 2 (a tie: generic)
+    assert structured_pays("reverse", 1, 1, 2)          # lqr-1d: k = 1, n = d + 1 = 2 (a tie: structured)
     assert not structured_pays("reverse", 10, 10, 21)   # the 10-D LQR: k = d = 10, n = 21
     assert structured_pays("reverse", 1, 2, 9)          # a scalar control, general 2 x 3 noise: n = 9
     assert not structured_pays("forward", 1, 2, 9)      # forward mode: the contractions are extra work
