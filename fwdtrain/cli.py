@@ -354,17 +354,25 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
                                 lr_offset, seed, metadata["dtype"], None if unsaved else args.checkpoint, unsaved,
                                 training)
     metrics, plot, plot_note, evaluation, cut_short = _evaluate(args, example, problem, state, history, size)
-    return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
-            "dt": example.dt, "particles": example.particles, "processes": size, "dtype": metadata["dtype"], "lr": lr0,
-            "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
-            or "problem default", "seed": seed, "optimizer": training["optimizer"], "clip": training["clip"],
-            "average_from": training["average_from"],
-            "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
-            "wall_s": wall,
-            "steps_per_s": taken / wall if wall > 0 else 0.0, "evaluate_s": evaluation, "metrics": metrics,
-            "plot": plot, "plot_note": plot_note, "checkpoint": None if unsaved else args.checkpoint,
-            "checkpoint_error": unsaved,
+    return {**_run_result(problem, example, state, history, taken, wall, size, metadata["dtype"], lr0,
+                          _schedule_label(schedule_name, lr_offset), seed, training),
+            "evaluate_s": evaluation, "metrics": metrics, "plot": plot, "plot_note": plot_note,
+            "checkpoint": None if unsaved else args.checkpoint, "checkpoint_error": unsaved,
             "interrupted": bool(history.interrupted) or cut_short}
+
+
+def _schedule_label(schedule_name: str | None, lr_offset: float) -> str:
+    return (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name) or "problem default"
+
+
+def _run_result(problem: str, example: Any, state: Any, history: Any, taken: int, wall: float, processes: int,
+                dtype: str, lr0: float, schedule: str, seed: int, training: dict) -> dict[str, Any]:
+    """The keys that a single run's result and each ensemble member's share."""
+    return {"problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(state.t),
+            "dt": example.dt, "particles": example.particles, "processes": processes, "dtype": dtype, "lr": lr0,
+            "schedule": schedule, "seed": seed, **training,
+            "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
+            "wall_s": wall, "steps_per_s": taken / wall if wall > 0 else 0.0}
 
 
 def _ensemble_size(args: argparse.Namespace, saved: dict, resuming: bool) -> int | None:
@@ -395,15 +403,11 @@ def _ensemble_result(args, member_examples, problem, state, history, done, wall,
         metrics, _, note, evaluation, stopped = _evaluate(quiet, example, problem, member_state, member_history, 1)
         cut_short = cut_short or stopped
         results.append({
-            "problem": problem, "steps": history.steps, "steps_this_run": taken, "t": float(member_state.t),
-            "dt": example.dt, "particles": example.particles, "processes": 1, "dtype": dtype, "lr": lr0,
-            "schedule": (f"inverse-time, T0 {lr_offset:g}" if schedule_name == "inverse-time" else schedule_name)
-            or "problem default", "seed": seed + e, "wall_s": wall, "steps_per_s": taken / wall if wall > 0 else 0.0,
+            **_run_result(problem, example, member_state, history, taken, wall, 1, dtype, lr0,
+                          _schedule_label(schedule_name, lr_offset), seed + e, training),
             "evaluate_s": evaluation, "metrics": metrics, "plot": None, "plot_note": note, "checkpoint": None,
             "interrupted": bool(history.interrupted) or stopped, "diverged": bool(history.diverged[e]),
-            "frozen_at": int(history.frozen_at[e]), **training,
-            "averaged_iterates": int(member_state.average.count) if isinstance(member_state.average, optim.Average)
-            else 0})
+            "frozen_at": int(history.frozen_at[e])})
     kept = [r for r in results if not r["diverged"]]
     summary = {}
     for name in (kept[0]["metrics"] if kept else {}):

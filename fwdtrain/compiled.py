@@ -362,6 +362,11 @@ COMPILE_S = {"cold": (20.0, 3.5), "warm": (4.5, 1.0)}
 FUSE_CHOICES = (4, 8, 16)
 
 
+def run_seconds(steps: int, particles: int, cost: tuple[float, float]) -> float:
+    """Estimated seconds for ``steps`` steps of N = ``particles`` at ``cost`` = (fixed, per particle) s/step."""
+    return steps * (cost[0] + cost[1] * particles)
+
+
 def choose_compilation(steps: int, particles: int, warm_cache: bool) -> Compilation:
     """Eager, compiled or fused (K) for ``compile="auto"``: the option that finishes soonest.
 
@@ -377,9 +382,7 @@ def choose_compilation(steps: int, particles: int, warm_cache: bool) -> Compilat
     particles = _checks.check_count(particles, "particles")
     base, per_extra = COMPILE_S["warm" if warm_cache else "cold"]
 
-    def run_s(cost: tuple[float, float]) -> float:
-        return steps * (cost[0] + cost[1] * particles)
-
+    run_s = functools.partial(run_seconds, steps, particles)
     estimates = {"eager": run_s(EAGER_STEP_S), "compiled": base + run_s(COMPILED_STEP_S)}
     for k in FUSE_CHOICES:
         if steps >= 4 * k:

@@ -317,29 +317,27 @@ def _noise_source(trainable: Trainable, noise: NoiseLike, history: History | Non
     hook = getattr(trainable, "noise_source", None)
     if source is None and hook is not None:
         source = hook(seed, dt, state, history.noise if history is not None else None)
-        if source.position != start:
-            raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
-                             f"pass the history saved with this state (it carries the noise position)")
-        return source
-    if source is None and history is not None and history.noise is not None:
+    elif source is None and history is not None and history.noise is not None:
         if BrownianNoise.kind not in history.noise:
             raise ValueError(f"the history was produced with user-supplied noise ({', '.join(history.noise)}); "
                              f"pass the same noise= again to continue it")
         source = BrownianNoise.from_state_dict(history.noise, dtype, device)
     elif source is None:
         source = BrownianNoise(shape, float(dt), seed=seed, dtype=dtype, device=device)
-    else:
+    elif isinstance(source, BrownianNoise):
         source = source.copy()
-    if isinstance(source, BrownianNoise):
-        if source.shape != shape or source.dtype != dtype or source.device != device or source.dt != float(dt):
-            raise ValueError(f"the noise source {source!r} does not fit the run: expected shape "
-                             f"{shape}, dt={float(dt)}, dtype={dtype} on {device}")
-        if source.position != start:
-            raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
-                             f"pass the history saved with this state (it carries the noise position)")
-    else:
+    else:  # a tensor or function: indexed by the step count, so it is positioned at the start
+        source = source.copy()
         source.position = start
         source.expect(shape, dtype, device)
+        return source
+    if isinstance(source, BrownianNoise) and (source.shape != shape or source.dtype != dtype
+                                              or source.device != device or source.dt != float(dt)):
+        raise ValueError(f"the noise source {source!r} does not fit the run: expected shape "
+                         f"{shape}, dt={float(dt)}, dtype={dtype} on {device}")
+    if source.position != start:  # a stream continues from where it was left: it must be at the start
+        raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
+                         f"pass the history saved with this state (it carries the noise position)")
     return source
 
 

@@ -88,10 +88,11 @@ FROZEN_COMPILE_S = {"cold": 5.0, "warm": 2.5}
 
 def compiles_faster(steps: int, particles: int, warm_cache: bool) -> bool:
     """``compile="auto"`` of ``stationary_cost``: True when compiling plus compiled steps beat eager steps."""
-    def run_s(cost: tuple[float, float]) -> float:
-        return steps * (cost[0] + cost[1] * particles)
+    from .compiled import run_seconds
 
-    return FROZEN_COMPILE_S["warm" if warm_cache else "cold"] + run_s(COMPILED_FROZEN_STEP_S) < run_s(EAGER_FROZEN_STEP_S)
+    compiled = run_seconds(steps, particles, COMPILED_FROZEN_STEP_S)
+    return FROZEN_COMPILE_S["warm" if warm_cache else "cold"] + compiled < run_seconds(steps, particles,
+                                                                                      EAGER_FROZEN_STEP_S)
 
 
 @functools.lru_cache(maxsize=8)
