@@ -1,37 +1,63 @@
 """fwdtrain: online forward-propagation training of SDEs on torch.func.
 
-The model is a pure function of a parameter pytree, the state (X, Xtilde, theta, t)
-is immutable, and ``step`` is a pure function: state in, new state out.
+The model is a pure function of a parameter pytree; the state (X, Xtilde, theta, t) is immutable; a step
+is a pure function (state in, new state out) and ``run`` loops over it with a history, checks and hooks.
+
+The layers, from the ground up (each imports only those below it): ``optim`` and ``core`` (the maths),
+``compile`` (compiled steps), ``problems`` (what is trained), ``driver`` (the run), then
+``distributed`` and ``examples``, and ``cli`` (``python -m fwdtrain``).
 """
 
-from . import calibration, distributed, ensemble, examples, noise, optim, schedules, sgdct
-from .checkpoint import Checkpoint, check_compatible, load, save
-from .checkpointing import CheckpointWriteError, Checkpointing
-from .compiled import cache_dir, choose_compilation, compile_advance, compile_steps
-from .ensemble import Ensemble, PerMember
-from .ensemble import run as run_ensemble
-from .driver import run, step_function
-from .history import History
-from .errors import CheckpointError, DivergenceError
-from .evaluate import CostEstimate, average_cost, stationary_cost
-from .model import Model, functional, mlp
-from .noise import BrownianNoise, FunctionNoise, TensorNoise
-from .problem import SDE, Coefficients, ControlledSDE
-from .sensitivity import Linearisation, linearise
-from .state import State, init, noise_dim, with_optimizer
-from .euler import StepInfo
-from .stepping import step, step_with_info
-from .trainable import CostForm, Trainable
+from . import _legacy
 
-__version__ = "0.2.0"
+_legacy.install()
+
+# isort: off  (the public face, grouped by what a user writes)
+# What the SDE is: a problem of pure functions of (theta, x); a network as such a function
+from .core.problem import SDE, ControlledSDE
+from .core.model import functional, mlp
+
+# How one step is taken
+from .core.solvers import Euler, Heun, Milstein
+
+# The pure step: state in, new state out
+from .core.state import State, init
+from .problems.cost import step, step_with_info
+
+# Running: the loop and its options and hooks
+from .driver.run import run
+from .driver.options import SaveAt, Checks
+from .compile.options import Compile
+from .driver.hooks import Progress, Checkpointing
+
+# Results and files
+from .core.history import History
+from .driver.checkpoint import save, load
+from .driver.evaluate import stationary_cost
+
+# Errors
+from .core.errors import DivergenceError, CheckpointError
+
+# Submodules: schedules, update rules, other kinds of problems, processes, built-in problems
+from .core import schedules
+from . import optim
+from .problems import calibration, sgdct, ensemble
+from . import distributed, examples
+# isort: on
+
+__version__ = "0.3.0"
 
 __all__ = [
-    "SDE", "ControlledSDE", "Coefficients", "State", "StepInfo", "History", "Model", "CostEstimate",
-    "Linearisation", "functional", "mlp", "init", "step", "step_with_info", "run", "noise_dim",
-    "linearise", "stationary_cost", "schedules", "examples", "distributed", "calibration", "sgdct",
-    "BrownianNoise", "TensorNoise", "FunctionNoise", "Checkpoint", "save", "load", "step_function",
-    "DivergenceError", "CheckpointError", "compile_advance", "compile_steps", "Checkpointing",
-    "CheckpointWriteError", "Trainable", "CostForm", "optim", "check_compatible", "cache_dir",
-    "choose_compilation", "average_cost", "ensemble", "Ensemble", "PerMember", "run_ensemble",
-    "with_optimizer",
+    "SDE", "ControlledSDE", "functional", "mlp",
+    "Euler", "Heun", "Milstein",
+    "State", "init", "step", "step_with_info",
+    "run", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
+    "History", "save", "load", "stationary_cost",
+    "DivergenceError", "CheckpointError",
+    "schedules", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples",
 ]
+
+
+def __getattr__(attribute: str) -> object:
+    """0.2's names that left the public face: an alias for one release, or a clear error (``_legacy.NAMES``)."""
+    return _legacy.name(attribute)

@@ -4,8 +4,8 @@ The continuous-time update dtheta = -alpha_t G_t dt, discretised, is
 
     theta_{n+1} = theta_n + s_n,    s_n = -alpha(t_n) h P_n(G_n, ..., G_0)
 
-where P_n is the rule's direction: G_n itself for ``sgd`` (today's
-``euler.descend``), a momentum trace, or Adam's/RMSprop's normalised moments.
+where P_n is the rule's direction: G_n itself for ``sgd`` (the plain
+update, ``fwdtrain.core.kernel.descend``), a momentum trace, or Adam's/RMSprop's normalised moments.
 The learning rate stays the schedule alpha(t); the rule only shapes the direction.
 
 A transformation is ``GradientTransformation(init, update)``:
@@ -33,8 +33,6 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import optree
 import torch
-
-from ._tree import squared_norm, tree_map
 
 PyTree = Any
 OptState = Any
@@ -85,6 +83,16 @@ class Average(NamedTuple):
     start: Any = ()
 
 
+def tree_map(fn: Callable[..., Any], tree: PyTree, *rest: PyTree) -> PyTree:
+    return optree.tree_map(fn, tree, *rest)
+
+
+def squared_norm(tree: PyTree) -> torch.Tensor:
+    """sum over every leaf of the squared entries (the global norm squared)."""
+    terms = [leaf.square().sum() for leaf in optree.tree_leaves(tree)]
+    return sum(terms[1:], terms[0])
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -111,7 +119,7 @@ def scale_by_rate() -> GradientTransformation:
     """s = -(rate * P), rate = alpha(t_n) h multiplied first, each leaf kept in the direction's dtype.
 
     alpha(t_n) from a schedule is float64 like the clock; the cast stops it
-    promoting a 0-d float32 leaf (the same arithmetic as ``euler.descend``).
+    promoting a 0-d float32 leaf (the same arithmetic as ``fwdtrain.core.kernel.descend``).
     """
 
     def init(theta: PyTree) -> EmptyState:
@@ -248,7 +256,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
 
 def sgd() -> GradientTransformation:
-    """theta_{n+1} = theta_n - alpha(t_n) h G_n: today's update, bitwise equal to ``euler.descend``."""
+    """theta_{n+1} = theta_n - alpha(t_n) h G_n, bitwise equal to ``fwdtrain.core.kernel.descend``."""
     return scale_by_rate()
 
 
@@ -309,7 +317,7 @@ def _signature(tree: PyTree) -> tuple:
 def _describe(tree: PyTree) -> str:
     """A short name for an optimiser state: "()" or e.g. "a tuple of (EmptyState, AdamState, EmptyState)"."""
     if type(tree) is tuple and not tree:
-        return "() (no optimiser state: the plain update euler.descend)"
+        return "() (no optimiser state: the plain update theta - alpha h G)"
 
     def named(node: Any) -> bool:
         return isinstance(node, tuple) and hasattr(node, "_fields")
@@ -321,7 +329,7 @@ def _describe(tree: PyTree) -> str:
 def check_opt_state(optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree,
                     name: str = "state.opt_state") -> None:
     """Raise ``ValueError`` unless ``opt_state`` has the structure, shapes and dtypes of ``optimizer.init(theta)``
-    (``()`` for ``optimizer`` None: the plain update ``euler.descend``). Checks structure only, so it
+    (``()`` for ``optimizer`` None: the plain update ``fwdtrain.core.kernel.descend``). Checks structure only, so it
     runs inside the user's transforms too."""
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
         raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "

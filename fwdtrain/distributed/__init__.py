@@ -17,7 +17,8 @@ Modules (one job each):
   reduce      gradient_mean: the ``reduce=`` hook of ``fwdtrain.run``
   check       check_group: one collective that stops every rank if any rank failed, diverged or
               holds a different theta
-  driver      distributed_run: ``fwdtrain.run`` in segments that end at group checks
+  hooks       GroupHook: the gradient mean and the group checks as a hook of ``fwdtrain.run``
+  training    distributed_run: ``fwdtrain.run`` with a GroupHook (a convenience; no loop of its own)
   checkpoint  save_group / load_group: one file with every rank's particles
   processes   launch: run a function in R local processes (tests, benchmarks)
 
@@ -26,19 +27,19 @@ Under ``torchrun --nproc-per-node 2 train.py``, with train.py::
     from fwdtrain import distributed as D
     D.init_process_group(timeout=60)                  # a no-op outside torchrun
     state = ft.init(sde, D.broadcast(theta), x0, particles=N)
-    state, history = D.distributed_run(sde, state, steps, dt, lr, seed=0, verbose=True)
+    state, history = D.distributed_run(sde, state, steps, dt, lr, seed=0, verbose=True)  # or:
+    state, history = ft.run(sde, state, steps, dt, lr, D.rank_seed(0), hooks=(D.GroupHook(N),))
     if D.is_main():
         ...                                           # print, save, plot once
     D.destroy_process_group()
 
-or the plain driver: ``ft.run(sde, state, steps, dt, lr, seed=D.rank_seed(seed),
-reduce=D.gradient_mean(weight=N), callback=lambda n, s: D.check_group(s, n))``.
 ``python -m fwdtrain`` does all of this by itself under torchrun.
 """
 
 from .check import GroupStatus, check_group
 from .checkpoint import load_group, save_group
-from .driver import distributed_run
+from .hooks import GroupHook
+from .training import distributed_run
 from .group import (DEFAULT_TIMEOUT, GroupError, backend_for, broadcast, destroy_process_group, gather_to_main,
                     group_mean, init_process_group, is_initialized, is_main, local_device, print_main, rank,
                     require_group, world_size)
@@ -50,6 +51,6 @@ __all__ = [
     "GroupError", "GroupStatus", "GradientMean", "LaunchError", "DEFAULT_TIMEOUT",
     "rank", "world_size", "is_main", "is_initialized", "print_main", "backend_for", "local_device",
     "init_process_group", "destroy_process_group", "require_group", "broadcast", "group_mean", "gather_to_main",
-    "rank_seed", "rank_generator", "gradient_mean", "check_group", "distributed_run",
+    "rank_seed", "rank_generator", "gradient_mean", "check_group", "distributed_run", "GroupHook",
     "save_group", "load_group", "launch",
 ]

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._tree import leaves
-from ..state import State
+from ..core._tree import leaves
+from ..core.state import State
 from .group import GroupError, all_reduce, is_initialized, rank, world_size
 
 # status bits a rank reports at a check
@@ -54,12 +54,12 @@ def _exchange(state: State, code: int, cost_sum: torch.Tensor | float, cost_coun
     table = torch.zeros((size, _FIELDS), dtype=torch.float64, device=device)
     checksum_a, checksum_b = _theta_checksums(state.theta)
 
-    def number(value: Any) -> torch.Tensor:
-        return torch.as_tensor(value, dtype=torch.float64, device=device).reshape(())
+    def number(value: Any) -> torch.Tensor:  # a cost sum of an ensemble: the mean over its members
+        return torch.as_tensor(value, dtype=torch.float64, device=device).mean().reshape(())
 
     table[rank() if is_initialized() else 0] = torch.stack([
-        number(float(code)), number(state.t), number(float(state.particles)),
-        number(cost_sum) * state.particles, number(float(cost_count * state.particles)), checksum_a, checksum_b])
+        number(float(code)), number(state.t.amax()), number(float(state.x.shape[-2])),
+        number(cost_sum) * state.x.shape[-2], number(float(cost_count * state.x.shape[-2])), checksum_a, checksum_b])
     if is_initialized():
         all_reduce(table, "the group check", step, last_good)
     return table.cpu()

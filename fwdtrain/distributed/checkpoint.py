@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from .._tree import tree_map
-from ..checkpoint import Checkpoint, load, save
-from ..history import History
-from ..errors import CheckpointError
-from ..state import State
+from ..core._tree import tree_map
+from ..driver.checkpoint import Checkpoint, load, save
+from ..core.history import History
+from ..core.errors import CheckpointError
+from ..core.state import State
 from .group import GroupError, all_reduce, gather_to_main, is_initialized, is_main, rank, scatter_from_main, world_size
 
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from .._tree import leaves, tree_map
+from ..core._tree import leaves, tree_map
 
 DEFAULT_TIMEOUT = 60.0  # seconds; for rendezvous and for every collective
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _checks
+from ..core import _checks
 from .group import destroy_process_group, init_process_group, local_device
 
 

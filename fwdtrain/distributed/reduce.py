@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from .. import _checks
-from .._tree import tree_map
+from ..core import _checks
+from ..core._tree import tree_map
 from .group import group_mean, is_initialized
 
 

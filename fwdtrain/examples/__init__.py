@@ -2,9 +2,12 @@
 and what is known about the optimum. ``REGISTRY`` maps command-line names to the builders.
 
 Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their own) and carry a one-line
-``summary`` (the command line's help). Every example trains through ``fwdtrain.run``:
-``example.train(state, steps, seed)``; calibration and SGDCT examples name their ``problem`` (a
-``fwdtrain.trainable.Trainable``), SGDCT also its ``start`` and observed ``data``."""
+``summary`` (the command line's help). Every example trains through ``fwdtrain.run``::
+
+    ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(seed))
+
+calibration and SGDCT examples name their ``problem`` (a ``fwdtrain.problems.Trainable``), SGDCT also its
+``start`` and observed ``data``."""
 
 from typing import Callable
 

@@ -1,14 +1,14 @@
+"""``Example``: a built-in problem with defaults that train and what is known about its optimum."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ..driver import run
-from ..euler import LearningRate
-from ..history import History
-from ..problem import SDE
-from ..state import State
+from ..core.kernel import LearningRate
+from ..core.problem import SDE
+from ..core.state import State, init
 
 
 class Example(NamedTuple):
@@ -19,8 +19,11 @@ class Example(NamedTuple):
     simulate, e.g. a stationary cost with theta frozen), so that a driver can print
     learned against reference side by side.
 
-    Every example is trained by ``fwdtrain.run`` (``train`` below):
-      problem: what ``run`` trains (a ``fwdtrain.trainable.Trainable``: a ``Calibration``, an
+    Every example is trained by ``fwdtrain.run``::
+
+        ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(seed, ex.steps))
+
+      problem: what ``run`` trains (a ``fwdtrain.problems.Trainable``: a ``Calibration``, an
                ``sgdct.DriftEstimation``); None means ``sde`` itself (the cost form).
       start:   maps ``fwdtrain.init(sde, theta, x0, particles)`` to the problem's first state
                (None: that state itself); e.g. SGDCT starts from the observed paths' first points.
@@ -50,21 +53,14 @@ class Example(NamedTuple):
     def initial_state(self, state: State | None = None) -> State:
         """The problem's first state, from ``state`` (default ``fwdtrain.init(sde, theta, x0, particles)``);
         its opt_state and average are kept."""
-        from ..state import init
-
         state = init(self.sde, self.theta, self.x0, self.particles) if state is None else state
         if self.start is None:
             return state
         return self.start(state)._replace(opt_state=state.opt_state, average=state.average)  # the rule's state kept
 
-    def train(self, state: State | None = None, steps: int | None = None, seed: int = 0,
-              **options: Any) -> tuple[State, History]:
-        """``fwdtrain.run`` of this example from ``initial_state(state)`` for ``steps`` (default ``self.steps``),
-        with its dt, lr and (for data-driven problems) its data for ``seed``; options go to ``run``."""
-        steps = self.steps if steps is None else steps
-        if self.data is not None and "noise" not in options:
-            options["noise"] = self.data(seed, steps)
-        return run(self.trainable, self.initial_state(state), steps, self.dt, self.lr, seed, **options)
+    def noise(self, seed: int, steps: int | None = None) -> Any:
+        """What ``run`` takes as ``noise``: the seed, or for data-driven problems the data of ``seed``."""
+        return seed if self.data is None else self.data(seed, self.steps if steps is None else steps)
 
 
 def summary(text: str) -> Callable[[Callable[..., Example]], Callable[..., Example]]:

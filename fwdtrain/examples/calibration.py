@@ -15,8 +15,8 @@ import math
 import numpy as np
 import torch
 
-from .. import calibration as cal
-from .. import schedules
+from ..core import schedules
+from ..problems import calibration as cal
 from ._example import Example, summary
 
 

@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from .. import schedules
-from ..evaluate import stationary_cost
-from ..model import mlp
-from ..problem import ControlledSDE
+from ..core import schedules
+from ..driver.evaluate import stationary_cost
+from ..core.model import mlp
+from ..core.problem import ControlledSDE
 from ._example import Example, summary
 
 OPTIMAL_GAIN = math.sqrt(2.0) - 1.0

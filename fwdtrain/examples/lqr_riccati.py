@@ -19,10 +19,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .. import schedules
-from ..evaluate import stationary_cost
-from ..model import mlp
-from ..problem import ControlledSDE
+from ..core import schedules
+from ..driver.evaluate import stationary_cost
+from ..core.model import mlp
+from ..core.problem import ControlledSDE
 from ._example import Example, summary
 
 

@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from .. import schedules
-from ..problem import ControlledSDE
+from ..core import schedules
+from ..core.problem import ControlledSDE
 from ._example import Example, summary
 
 

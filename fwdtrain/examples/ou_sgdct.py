@@ -15,8 +15,9 @@ import math
 import numpy as np
 import torch
 
-from .. import schedules, sgdct
-from ..problem import SDE
+from ..core import schedules
+from ..problems import sgdct
+from ..core.problem import SDE
 from ._example import Example, summary
 
 

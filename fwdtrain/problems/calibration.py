@@ -16,69 +16,82 @@ With theta fixed the halves are driven by independent noise, so each product is 
 unbiased estimate of (E phi_j - m_j) dE[phi_j]/dtheta and G of grad J. (A running
 average of phi would also work, but it lags theta and needs its own time scale; the
 split needs nothing and costs no extra particles beyond an even N.)
-X and Xtilde are advanced by the same Euler-Maruyama update as in ``fwdtrain.step``;
-theta <- theta - alpha h G. A ``Calibration`` is a ``fwdtrain.trainable.Trainable``: ``fwdtrain.run``
-trains it like an SDE (compiled, fused and distributed included; ``run`` below is that call).
+X and Xtilde are advanced by the problem's solver (``Euler()`` by default; phi is evaluated at
+time n, as the cost is) and theta <- theta - alpha h G. A ``Calibration`` is a
+``fwdtrain.problems.Trainable``: ``fwdtrain.run`` trains it like an SDE (compiled and distributed
+included).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import _checks
-from ._tree import tree_map
-from .problem import SDE, Coefficients, Theta
-from .sensitivity import MODES, Mode, choose_mode, linearise_particles
-from .state import State, init as _init_state, noise_dim
-from .driver import run as driver_run
-from .euler import GradientReduce, LearningRate, StepInfo, euler_update, learning_rate, update_parameters
-from .optim import GradientTransformation
-from .history import History
-from .stepping import check_step_inputs
+from ..core import _checks
+from ..core._tree import size, tree_map
+from ..core.kernel import GradientReduce, LearningRate, StepInfo, learning_rate, update_parameters
+from ..core.problem import SDE, milstein_correction
+from ..core.sensitivity import MODES, Mode, Plan, Terms, Theta, linearise_generic, over_particles, resolve_mode
+from ..core.solvers import Euler, Solver, as_solver
+from ..core.state import State, noise_dim
+from ..core.state import init as init_state
+from ..optim import GradientTransformation
+from .cost import check_solver, check_step_inputs, nonfinite_part
+from .trainable import Trainable
 
 Observables = Callable[[Theta, torch.Tensor], torch.Tensor]
 
 
-class Calibration(NamedTuple):
-    """What to calibrate: the SDE (its ``cost`` is not used), observables phi(theta, x) -> (k,), targets m (k,)
-    and weights w (k,)."""
+@dataclass(frozen=True)
+class Calibration(Trainable):
+    """What to calibrate: the SDE (its ``cost`` is not used), observables phi(theta, x) -> (k,), targets m (k,),
+    weights w (k,), the solver (default ``Euler()``) and the update rule (None: plain sgd)."""
 
     sde: SDE
     observables: Observables
     targets: torch.Tensor
     weights: torch.Tensor
-    optimizer: GradientTransformation | None = None  # the update rule (fwdtrain.optim); None: plain sgd
+    solver: Solver = Euler()
+    optimizer: GradientTransformation | None = None
 
     def with_optimizer(self, optimizer: GradientTransformation | None) -> "Calibration":
         """This calibration updated by ``optimizer`` (its state in ``State.opt_state``)."""
-        return self._replace(optimizer=optimizer)
+        return self.configure(optimizer=optimizer)
 
-    # ---- the fwdtrain.trainable.Trainable protocol: what fwdtrain.run needs ----
+    # ---- the Trainable interface ----
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` (an even N included), for a step of size dt at rate lr."""
         m = noise_dim(self.sde, state.theta, state.x)
         check_inputs(self, state, torch.zeros((state.particles, m), dtype=state.x.dtype, device=state.x.device),
                      dt, lr)
+        check_solver(self.solver, self.sde, state.theta, state.x[0])
 
-    def resolve_mode(self, state: State, mode: Mode) -> str:
-        """The derivative mode "auto" stands for (the cheaper for these outputs), or ``mode`` itself."""
-        return resolve_mode(self, state, mode)
+    def plan(self, state: State, mode: str = "auto") -> Plan:
+        """The derivative mode "auto" stands for (the solver's, or the cheaper for these outputs), or ``mode``."""
+        return Plan(resolve_mode_for(self, state, self.solver.mode if mode == "auto" else mode))
 
     def noise_shape(self, state: State) -> tuple[int, ...]:
         """(N, m): Brownian increments of the SDE."""
         return (state.particles, noise_dim(self.sde, state.theta, state.x))
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
-                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
-        """``calibration.advance`` with its info read as ``StepInfo(cost=objective, gradient=G)``."""
-        new_state, info = advance(self, state, dw, dt, alpha, mode, reduce)
-        return new_state, StepInfo(info.objective, info.gradient)
+    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Any) -> tuple[State, StepInfo]:
+        """X, Xtilde to n + 1 and StepInfo(objective, G) (``calibration.propagate``)."""
+        moved, info = propagate(self, state, dw, dt, plan)
+        return moved, StepInfo(info.objective, info.gradient)
 
-    def record(self, state: State) -> Any:
-        """theta, recorded in the history."""
-        return state.theta
+    def nonfinite(self, state: State) -> str | None:
+        return nonfinite_part((("drift", self.sde.drift), ("diffusion", self.sde.diffusion),
+                               ("observables", self.observables)), state)
+
+    def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...]) -> Terms:
+        """mu, sigma and phi (as the "cost" term) at one particle; the Milstein correction when asked for."""
+        value = {"mu": self.sde.drift(theta, x), "sigma": self.sde.diffusion(theta, x),
+                 "cost": self.observables(theta, x)}
+        if "correction" in names:
+            value["correction"] = milstein_correction(self.sde.diffusion, theta, x, value["sigma"])
+        return value
 
 
 class CalibrationInfo(NamedTuple):
@@ -94,17 +107,20 @@ def _zero_cost(theta: Theta, x: torch.Tensor) -> torch.Tensor:
     return x.sum() * 0
 
 
-def calibration(drift, diffusion, observables: Observables, targets, weights=None, *,
-                optimizer: GradientTransformation | None = None) -> Calibration:
+def calibration(drift: Callable, diffusion: Callable, observables: Observables, targets: Any, weights: Any = None,
+                *, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None) -> Calibration:
     """Build a ``Calibration`` from drift(theta, x), diffusion(theta, x), phi(theta, x) and targets (k,).
 
-    weights default to ones; ``optimizer`` is the update rule (a ``fwdtrain.optim`` transformation; None: plain sgd). targets and weights are cast to the parameters' dtype when used.
+    weights default to ones; ``solver`` the scheme (default ``Euler()``); ``optimizer`` the update rule (a
+    ``fwdtrain.optim`` transformation; None: plain sgd). targets and weights are cast to the parameters'
+    dtype when used.
     """
     if not callable(observables):
         raise TypeError(f"observables must be a function (theta, x) -> (k,) tensor, got {type(observables).__name__}")
     targets = torch.as_tensor(targets)
     if targets.ndim != 1 or targets.numel() == 0:
-        raise ValueError(f"targets must be a non-empty 1-d tensor (one per observable), got shape {tuple(targets.shape)}")
+        raise ValueError(f"targets must be a non-empty 1-d tensor (one per observable), got shape "
+                         f"{tuple(targets.shape)}")
     weights = torch.ones_like(targets) if weights is None else torch.as_tensor(weights, dtype=targets.dtype)
     if weights.shape != targets.shape or bool((weights < 0).any()):
         raise ValueError(f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, "
@@ -112,13 +128,7 @@ def calibration(drift, diffusion, observables: Observables, targets, weights=Non
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
         raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation or None, "
                         f"got {type(optimizer).__name__}")
-    return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights, optimizer)
-
-
-def _coefficients(problem: Calibration):
-    def coefficients(theta: Theta, x: torch.Tensor) -> Coefficients:
-        return Coefficients(problem.sde.drift(theta, x), problem.sde.diffusion(theta, x), problem.observables(theta, x))
-    return coefficients
+    return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights, as_solver(solver), optimizer)
 
 
 def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
@@ -129,8 +139,8 @@ def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | 
     ``problem.with_optimizer(rule)``); ``average_from=t0`` starts a Polyak-Ruppert average."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
-    state = _init_state(problem.sde, theta, x0, particles, optimizer=problem.optimizer, average_from=average_from,
-                        allow_low_precision=allow_low_precision)
+    state = init_state(problem.sde, theta, x0, particles, optimizer=problem.optimizer, average_from=average_from,
+                       allow_low_precision=allow_low_precision)
     if state.particles % 2:
         raise ValueError(f"a calibration needs an even number of particles (two independent halves), "
                          f"got {state.particles}")
@@ -141,38 +151,48 @@ def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | 
     return state
 
 
-def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha: Any,
-            mode: str, reduce: GradientReduce | None = None) -> tuple[State, CalibrationInfo]:
-    """The calibration step without input checks (see the module docstring).
+def propagate(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, plan: Plan
+              ) -> tuple[State, CalibrationInfo]:
+    """X and Xtilde at n + 1 (the problem's solver) and the ``CalibrationInfo`` at n; theta untouched."""
+    def linearise(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+        wanted = problem.sde.differentiated(names)
+        return over_particles(lambda xi, xti: linearise_generic(lambda th, x_: problem.terms(th, x_, names),
+                                                                state.theta, xi, xti, plan.mode, wanted), x, x_tilde)
 
-    ``reduce`` maps G before the update (as in ``fwdtrain.euler.advance``); None keeps it.
-    Pure and transformable (``torch.func.grad``, ``vmap``, ...), like ``fwdtrain.euler.advance``.
-    """
-    value, total = linearise_particles(_coefficients(problem), state.theta, state.x, state.x_tilde, mode)
-    x, x_tilde = euler_update(state, value, total, dw, dt)
+    moved = problem.solver.step(linearise, state.x, state.x_tilde, dw, dt)
     half = state.particles // 2
-    targets = problem.targets.to(value.cost)
-    weights = problem.weights.to(value.cost)
-    error_a = value.cost[:half].mean(0) - targets
-    error_b = value.cost[half:].mean(0) - targets
+    phi = moved.value["cost"]
+    targets, weights = problem.targets.to(phi), problem.weights.to(phi)
+    error_a = phi[:half].mean(0) - targets
+    error_b = phi[half:].mean(0) - targets
 
     def gradient_leaf(d_phi: torch.Tensor) -> torch.Tensor:  # (N, k, *s) -> (*s)
         mean_a, mean_b = d_phi[:half].mean(0), d_phi[half:].mean(0)
         return torch.tensordot(weights * error_a, mean_b, dims=1) + torch.tensordot(weights * error_b, mean_a, dims=1)
 
-    gradient = tree_map(gradient_leaf, total.cost)
-    if reduce is not None:
-        gradient = reduce(gradient)
-    new_state = update_parameters(state, gradient, alpha, dt, problem.optimizer)._replace(x=x, x_tilde=x_tilde)
-    info = CalibrationInfo(value.cost.mean(0), (weights * error_a * error_b).sum(), gradient)
-    return new_state, info
+    gradient = tree_map(gradient_leaf, moved.total["cost"])
+    info = CalibrationInfo(phi.mean(0), (weights * error_a * error_b).sum(), gradient)
+    return state._replace(x=moved.x, x_tilde=moved.x_tilde), info
 
 
-def resolve_mode(problem: Calibration, state: State, mode: Mode) -> str:
+def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Plan,
+            reduce: GradientReduce | None = None) -> tuple[State, CalibrationInfo]:
+    """The calibration step without input checks (see the module docstring); pure and transformable.
+
+    ``reduce`` maps G before the update (as in ``fwdtrain.core.kernel.advance``); None keeps it.
+    """
+    moved, info = propagate(problem, state, dw, dt, plan)
+    gradient = info.gradient if reduce is None else reduce(info.gradient)
+    return update_parameters(moved, gradient, alpha, dt, problem.optimizer), info._replace(gradient=gradient)
+
+
+def resolve_mode_for(problem: Calibration, state: State, mode: Mode | str) -> str:
     """The derivative mode for this problem and state: ``mode``, or for "auto" the cheaper by output count."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return choose_mode(mode, state.theta, _coefficients(problem)(state.theta, state.x[0]))
+    value = problem.terms(state.theta, state.x[0], ())
+    outputs = value["mu"].numel() + value["sigma"].numel() + value["cost"].numel()
+    return resolve_mode(mode, outputs, size(state.theta))
 
 
 def check_inputs(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: Any) -> None:
@@ -191,27 +211,17 @@ def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any
                    *, mode: Mode = "auto") -> tuple[State, CalibrationInfo]:
     """One pure calibration step and its ``CalibrationInfo`` at time n."""
     check_inputs(problem, state, dw, dt, lr)
+    check_solver(problem.solver, problem.sde, state.theta, state.x[0])
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
-    return advance(problem, state, dw, dt, alpha, resolve_mode(problem, state, mode))
+    return advance(problem, state, dw, dt, alpha, problem.plan(state, mode))
 
 
 def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
          *, mode: Mode = "auto") -> State:
-    """One pure Euler-Maruyama calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring)."""
+    """One pure calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring)."""
     return step_with_info(problem, state, dw, dt, lr, mode=mode)[0]
 
 
-def run(problem: Calibration, state: State, steps: int, dt: float, lr: LearningRate, seed: int = 0,
-        **options: Any) -> tuple[State, History]:
-    """``fwdtrain.run(problem, state, steps, dt, lr, seed, **options)``: train a calibration.
-
-    The returned ``fwdtrain.History`` records the two-group estimate of J as ``cost`` (averaged
-    since the previous record) and |G| as ``grad_norm``; noise, checks, checkpoints and the
-    other options are those of ``fwdtrain.run``.
-    """
-    return driver_run(problem, state, steps, dt, lr, seed, **options)
-
-
-__all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step",
-           "step_with_info", "advance", "check_inputs", "resolve_mode", "run"]
+__all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step", "step_with_info", "propagate",
+           "advance", "check_inputs", "resolve_mode_for"]

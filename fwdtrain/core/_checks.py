@@ -16,8 +16,10 @@ import math
 from numbers import Real
 from typing import Any
 
+import optree
 import torch
 
+from .. import _compat as compat
 from ._tree import leaves_with_paths
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
@@ -28,25 +30,15 @@ def is_concrete(value: Any) -> bool:
 
     False for a tensor wrapped by a ``torch.func`` transform (``vmap``'s BatchedTensor,
     the GradTrackingTensor of ``grad``, ``jacrev``, ``jacfwd``, ``vjp``, ``jvp``) and for
-    every tensor while ``torch.compile`` traces. Value checks run only on concrete values.
+    every tensor while a graph is traced (``torch.compile``, ``make_fx``). Value checks run only
+    on concrete values.
     """
     if not isinstance(value, torch.Tensor):
         return True
-    if torch.compiler.is_compiling():
-        return False
-    return not torch._C._functorch.is_functorch_wrapped_tensor(value)
+    return not (compat.tracing() or compat.is_wrapped(value) or compat.is_fake(value))
 
 
-def transform_of(value: Any) -> str | None:
-    """The kind of ``torch.func`` transform wrapping ``value``, for error messages; None if concrete."""
-    if not isinstance(value, torch.Tensor) or torch.compiler.is_compiling():
-        return None
-    functorch = torch._C._functorch
-    if functorch.is_batchedtensor(value):
-        return "vmap"
-    if functorch.is_functorch_wrapped_tensor(value):
-        return "grad/jacrev/jacfwd/vjp/jvp"
-    return None
+transform_of = compat.transform_of
 
 
 def check_dtype(dtype: torch.dtype, name: str, allow_low_precision: bool = False) -> None:
@@ -180,8 +172,6 @@ def check_count(value: Any, name: str, minimum: int = 1) -> int:
 
 
 def check_same_structure(tree: Any, reference: Any, name: str, reference_name: str) -> None:
-    import optree
-
     if optree.tree_structure(tree) != optree.tree_structure(reference):
         raise ValueError(f"{name} does not have the structure of {reference_name}: "
                          f"{optree.tree_structure(tree)} vs {optree.tree_structure(reference)}")

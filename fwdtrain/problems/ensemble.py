@@ -13,8 +13,9 @@ the order in which BLAS sums a matrix product (mm for one run, bmm for E): a pro
 a matrix product (an MLP control) agrees with the single runs to a few ulp per step, an
 elementwise problem bitwise (tests/test_ensemble.py).
 
-``Ensemble(problem, E)`` is a ``fwdtrain.trainable.Trainable`` with the driver's member hooks,
-so ``fwdtrain.run``, ``compile``/``fuse``, checkpoints and resume work unchanged. At a check
+``Ensemble(problem, E)`` is a ``fwdtrain.problems.Trainable`` whose member hooks (``within``,
+``freeze``, ``gradient_norm``, ``schedule``, ``noise_source``) describe E members, so
+``fwdtrain.run``, compilation, checkpoints and resume work unchanged. At a check
 a member that is non-finite (or beyond ``bound``) is frozen at its state of the last passed
 check (``freeze``: ``torch.where`` per member, no branch in the step) and flagged in
 ``History.diverged`` / ``History.frozen_at``; the others go on. ``run`` raises
@@ -23,21 +24,23 @@ check (``freeze``: ``torch.where`` per member, no branch in the step) and flagge
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
 from torch.func import vmap
 
-from . import _checks
-from ._tree import leaves, leaves_with_paths, squared_norm, tree_map
-from .driver import run as _run_driver
-from .euler import GradientReduce, StepInfo
-from .history import FIELDS, History
-from .noise import BrownianNoise
-from .sensitivity import Mode
-from .state import State
-from .state import init as _init_member
-from .trainable import Trainable, as_trainable
+from ..core import _checks
+from ..core._tree import leaves, leaves_with_paths, squared_norm, tree_map
+from ..core.history import FIELDS, History
+from ..core.kernel import StepInfo
+from ..core.noise import BrownianNoise, NoiseLike
+from ..core.solvers import Solver
+from ..core.state import State
+from ..core.state import init as _init_member
+from ..optim import GradientTransformation
+from .cost import as_trainable
+from .trainable import Schedule, Trainable
 
 Tree = Any
 
@@ -126,7 +129,10 @@ class PerMember(NamedTuple):
     params: dict
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        return vmap(lambda ti, p: _as_rate(self.factory(**p)(ti), ti))(t, self.params)
+        """alpha (..., E) on clocks t (..., E): member e's schedule on the last axis."""
+        per_member = vmap(lambda ti, p: _as_rate(self.factory(**p)(ti), ti))
+        rows = t.reshape(-1, t.shape[-1])
+        return vmap(lambda row: per_member(row, self.params))(rows).reshape(t.shape)
 
 
 def _as_rate(alpha: Any, t: torch.Tensor) -> torch.Tensor:
@@ -171,7 +177,7 @@ class _Shared(NamedTuple):
     schedule: Callable[[torch.Tensor], Any]
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        return vmap(lambda ti: _as_rate(self.schedule(ti), ti))(t)
+        return vmap(lambda ti: _as_rate(self.schedule(ti), ti))(t.reshape(-1)).reshape(t.shape)
 
 
 # ---- noise ----
@@ -231,34 +237,42 @@ def _per_member(leaf: torch.Tensor) -> torch.Tensor:
     return leaf.detach().abs().reshape(leaf.shape[0], -1).amax(1)
 
 
-class Ensemble(NamedTuple):
+@dataclass(frozen=True)
+class Ensemble(Trainable):
     """E independent runs of ``problem`` as one ``Trainable``: its step is ``vmap`` of the member's step.
 
     ``seeds`` (optional, E ints): the members' noise seeds; None means seed, seed + 1, ..., seed + E - 1
-    for the ``seed`` that ``run`` is given.
+    for the integer ``noise`` that ``run`` is given (or ``noise=[s_0, ..., s_{E-1}]``).
     """
 
     problem: Any
     size: int
     seeds: tuple[int, ...] | None = None
 
-    @property
-    def member_problem(self) -> Trainable:
-        return as_trainable(self.problem)
-
-    def validate(self) -> "Ensemble":
-        """Self, after checking size and seeds (clear errors before anything is stepped)."""
+    def __post_init__(self) -> None:
         _checks.check_count(self.size, "ensemble size E")
         if self.seeds is not None:
             if len(self.seeds) != self.size or not all(isinstance(s, int) and not isinstance(s, bool)
                                                        for s in self.seeds):
                 raise ValueError(f"seeds must be {self.size} ints (one per member), got {self.seeds!r}")
-        as_trainable(self.problem)
-        return self
+            object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "problem", as_trainable(self.problem))
 
-    def with_optimizer(self, optimizer: Any) -> "Ensemble":
-        """Every member updated by ``optimizer`` (a ``fwdtrain.optim`` rule; its state per member in opt_state)."""
-        return self._replace(problem=as_trainable(self.problem, optimizer))
+    @property
+    def member_problem(self) -> Trainable:
+        return self.problem
+
+    @property
+    def optimizer(self) -> GradientTransformation | None:  # type: ignore[override]
+        return self.problem.optimizer
+
+    def configure(self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
+                  ) -> "Ensemble":
+        """Every member with ``solver`` and ``optimizer`` bound (its state per member in opt_state)."""
+        return Ensemble(self.problem.configure(solver, optimizer), self.size, self.seeds)
+
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> "Ensemble":
+        return self.configure(optimizer=optimizer)
 
     def check_state(self, state: State) -> None:
         """Every leaf of ``state`` has the leading member axis E = ``size``."""
@@ -273,39 +287,49 @@ class Ensemble(NamedTuple):
             raise ValueError(f"an ensemble state's t must be (E,) = ({self.size},), got {tuple(state.t.shape)}")
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
-        self.validate()
         self.check_state(state)
-        if isinstance(lr, torch.Tensor) and lr.ndim == 1:
-            rates(lr, self.size)
-            lr = lr[0]
-        elif not callable(lr):
-            rates(lr, self.size)
-        self.member_problem.check(member(state, 0), dt, lr)
+        if not callable(lr):
+            lr = rates(lr, self.size)
+            lr = lr[0] if isinstance(lr, torch.Tensor) and lr.ndim == 1 else lr
+        self.problem.check(member(state, 0), dt, lr)
 
-    def resolve_mode(self, state: State, mode: Mode) -> str:
-        return self.member_problem.resolve_mode(member(state, 0), mode)
+    def plan(self, state: State, mode: str = "auto") -> Hashable:
+        return self.problem.plan(member(state, 0), mode)
 
     def noise_shape(self, state: State) -> tuple[int, ...]:
-        return (self.size, *self.member_problem.noise_shape(member(state, 0)))
+        return (self.size, *self.problem.noise_shape(member(state, 0)))
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
-                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
-        """(state_{n+1}, StepInfo(cost (E,), gradient leaves (E, *s))) = vmap of the member's advance;
-        alpha is (E,) or one value for all. ``reduce`` runs per member, inside the vmap."""
-        problem = self.member_problem
+    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
+        """vmap of the member's propagate: (state, StepInfo(cost (E,), gradient leaves (E, *s)))."""
+        return vmap(lambda s, d: self.problem.propagate(s, d, dt, plan))(state, dw)
+
+    def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
+        """vmap of the member's update; alpha is (E,) or one value for all."""
+        if not isinstance(alpha, torch.Tensor):
+            alpha = torch.tensor(alpha, dtype=moved.x.dtype, device=moved.x.device)
+        alpha = torch.broadcast_to(alpha, (self.size,))
+        return vmap(lambda s, g, a: self.problem.update(s, g, a, dt))(moved, gradient, alpha)
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable,
+                reduce: Any = None) -> tuple[State, StepInfo]:
+        """vmap of the member's whole step (a gradient hook, when given, sees the (E, *s) gradients between
+        the two halves)."""
+        if reduce is not None:
+            return super().advance(state, dw, dt, alpha, plan, reduce)
         if not isinstance(alpha, torch.Tensor):
             alpha = torch.tensor(alpha, dtype=state.x.dtype, device=state.x.device)
         alpha = torch.broadcast_to(alpha, (self.size,))
-
-        def one(member_state: State, member_dw: torch.Tensor, member_alpha: torch.Tensor) -> tuple[State, StepInfo]:
-            return problem.advance(member_state, member_dw, dt, member_alpha, mode, reduce)
-
-        return vmap(one)(state, dw, alpha)
+        return vmap(lambda s, d, a: self.problem.advance(s, d, dt, a, plan))(state, dw, alpha)
 
     def record(self, state: State) -> Any:
-        return vmap(self.member_problem.record)(state)
+        return vmap(self.problem.record)(state)
 
-    # ---- the driver's member hooks ----
+    def schedule(self, lr: Any, state: State) -> Schedule:
+        """Per-member learning rates (``rates``): alpha (E,) on the members' clocks t (E,)."""
+        lr = rates(lr, self.size)
+        return lr if callable(lr) else super().schedule(lr, state)
+
+    # ---- the loop's member hooks ----
     def within(self, state: State, bound: float | None = None) -> torch.Tensor:
         """(E,) bool: member e's x, x_tilde and theta finite (and |.| <= bound when given)."""
         parts = [_per_member(leaf) for leaf in leaves((state.x, state.x_tilde, state.theta)) if leaf[0].numel()]
@@ -322,40 +346,35 @@ class Ensemble(NamedTuple):
         """(E,): |G_e| per member, computed as a single run computes it (so the records agree bitwise)."""
         return torch.stack([squared_norm(member(gradient, e)).sqrt() for e in range(self.size)])
 
-    def noise_source(self, seed: int, dt: Any, state: State, saved: dict | None) -> EnsembleNoise:
-        """The members' noise: ``BrownianNoise(seed_e)`` each (seed_e = seeds[e] or seed + e), or the saved one."""
+    def noise_source(self, noise: NoiseLike | int | Sequence[int], dt: Any, state: State,
+                     saved: dict | None) -> Any:
+        """The members' noise: ``BrownianNoise(seed_e)`` each (seed_e = seeds[e], noise[e], or noise + e),
+        the saved positions of a continued run, or the user's (steps, E, N, m) tensor or function."""
         dtype, device = state.x.dtype, state.x.device
-        if saved is not None:
+        if saved is not None and (isinstance(noise, (int, list, tuple)) and not isinstance(noise, bool)):
             source = EnsembleNoise.from_state_dict(saved, dtype, device)
             if len(source.sources) != self.size:
                 raise ValueError(f"the history's noise has {len(source.sources)} members, the ensemble {self.size}")
             return source
-        seeds = self.seeds if self.seeds is not None else tuple(seed + e for e in range(self.size))
-        shape = tuple(self.member_problem.noise_shape(member(state, 0)))
+        if isinstance(noise, (list, tuple)):
+            seeds = tuple(int(s) for s in noise)
+            if len(seeds) != self.size:
+                raise ValueError(f"noise= gives {len(seeds)} seeds for an ensemble of {self.size} members")
+        elif isinstance(noise, int) and not isinstance(noise, bool):
+            seeds = self.seeds if self.seeds is not None else tuple(noise + e for e in range(self.size))
+        else:
+            return super().noise_source(noise, dt, state, saved)
+        shape = tuple(self.problem.noise_shape(member(state, 0)))
         return EnsembleNoise.brownian(seeds, shape, float(dt), dtype=dtype, device=device)
 
 
-def run(problem: Any, state: State, steps: int, dt: float, lr: Any, seed: int | Sequence[int] = 0,
-        **options: Any) -> tuple[State, History]:
-    """Train E members of ``problem`` from the stacked ``state`` (``ensemble.init``) in one vmapped run.
-
-    ``lr``: as ``rates`` takes it (one value, (E,) per member, a schedule, or ``PerMember``).
-    ``seed``: an int (members use seed, ..., seed + E - 1) or E ints. Every option of
-    ``fwdtrain.run`` applies (``compile``, ``fuse``, ``checkpoint``, ``history``, ``bound``, ...).
-    Returns ``(state, history)`` with the member axis (``History.diverged`` says who diverged;
-    ``member_history(history, e)`` is member e's own). ``DivergenceError`` only if all diverged.
-    """
-    if not isinstance(state, State):
-        raise TypeError(f"ensemble.run expects a fwdtrain.State with a member axis (ensemble.init), "
-                        f"got {type(state).__name__}")
-    members = size(state)
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        ensemble, first = Ensemble(problem, members), seed
-    else:
-        ensemble, first = Ensemble(problem, members, tuple(seed)), 0
-    ensemble.validate()
-    return _run_driver(ensemble, state, steps, dt, rates(lr, members), first, **options)
+def __getattr__(name: str) -> Any:
+    if name == "run":
+        raise AttributeError("ensemble.run was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
+                             "fwdtrain.run(ensemble.Ensemble(problem, E), state, steps, dt, lr, noise=seed) "
+                             "(lr: one value, E values, a schedule or a PerMember)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Ensemble", "EnsembleNoise", "PerMember", "stack", "member", "unstack", "size", "init", "rates",
-           "member_history", "run"]
+           "member_history"]

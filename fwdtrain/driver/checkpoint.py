@@ -22,12 +22,12 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from . import optim
-from ._tree import leaves_with_paths
-from .history import History
-from .errors import CheckpointError
-from .problem import Theta
-from .state import State
+from .. import optim
+from ..core._tree import leaves_with_paths
+from ..core.errors import CheckpointError
+from ..core.history import History
+from ..core.sensitivity import Theta
+from ..core.state import State
 
 FORMAT = "fwdtrain-checkpoint"
 VERSION = 1

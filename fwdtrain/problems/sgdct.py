@@ -16,21 +16,22 @@ The model is an ``fwdtrain.SDE``: its drift(theta, x) is estimated, its diffusio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch.func import vjp, vmap
 
-from . import _checks
-from ._tree import squared_norm, tree_map
-from .driver import run
-from .euler import GradientReduce, LearningRate, StepInfo, average_step, learning_rate, update_parameters
-from .history import History
-from .optim import GradientTransformation
-from .problem import SDE, Theta
-from .sensitivity import Mode
-from .state import State, evaluate_once
-from .stepping import check_training_state
+from ..core import _checks
+from ..core._tree import tree_map
+from ..core.kernel import GradientReduce, LearningRate, StepInfo, average_step, learning_rate, update_parameters
+from ..core.noise import Noise, NoiseLike, TensorNoise
+from ..core.problem import SDE
+from ..core.sensitivity import Theta
+from ..core.state import State, evaluate_once
+from ..optim import GradientTransformation
+from .cost import check_training_state
+from .trainable import Trainable
 
 
 class SGDCTState(NamedTuple):
@@ -94,23 +95,27 @@ def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: 
     return SGDCTState(theta, state.t + dt), info
 
 
-class DriftEstimation(NamedTuple):
-    """SGDCT on an observed path as a ``fwdtrain.trainable.Trainable``, so that ``fwdtrain.run`` trains it.
+@dataclass(frozen=True)
+class DriftEstimation(Trainable):
+    """SGDCT on observed paths as a ``fwdtrain.problems.Trainable``, so that ``fwdtrain.run`` trains it.
 
-    The driver's state is ``State(x=X_n, x_tilde=(), theta, t)`` (see ``as_state``): x is the current
-    observation of P paths, (P, d); the "noise" of step n is the observed increment dX_n, (P, d)
-    (pass the increments (n, P, d) as ``noise=``). The step is ``advance`` followed by x <- x + dX_n;
-    the recorded cost is the step's ``loss`` and the gradient its ``direction``. ``single=True``:
-    one path, held as (1, d) and stepped as the (d,) observation of ``step``.
+    The loop's state is ``State(x=X_n, x_tilde=(), theta, t)`` (see ``as_state``): x is the current
+    observation of P paths, (P, d); the "noise" of step n is the observed increment dX_n, (P, d):
+    ``increments`` (n, P, d) when given here (then ``run`` needs no ``noise=``), else pass them as
+    ``noise=``. The step is ``advance`` followed by x <- x + dX_n; the recorded cost is the step's
+    ``loss`` and the gradient its ``direction``. ``single=True``: one path, held as (1, d) and stepped
+    as the (d,) observation of ``step``. ``optimizer``: a ``fwdtrain.optim`` rule applied to
+    G = -direction (None: SGDCT's own update theta + alpha J' a^{-1} r).
     """
 
     sde: SDE
     single: bool = False
-    optimizer: GradientTransformation | None = None  # the update rule (fwdtrain.optim); None: SGDCT's own
+    optimizer: GradientTransformation | None = None
+    increments: torch.Tensor | None = None
 
     def with_optimizer(self, optimizer: GradientTransformation | None) -> "DriftEstimation":
         """This estimation updated by ``optimizer`` applied to G = -direction (its state in ``State.opt_state``)."""
-        return self._replace(optimizer=optimizer)
+        return self.configure(optimizer=optimizer)
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` for the observation state.x, and the optimiser state's fit."""
@@ -119,8 +124,10 @@ class DriftEstimation(NamedTuple):
         x = state.x[0] if self.single else state.x
         check_inputs(self.sde, SGDCTState(state.theta, state.t), x, torch.zeros_like(x), dt, lr)
         check_training_state(state, self.optimizer)
+        if self.increments is not None:
+            _checks.check_tensor(self.increments, "increments", state.x.dtype, state.x.device)
 
-    def resolve_mode(self, state: State, mode: Mode) -> str:
+    def plan(self, state: State, mode: str = "auto") -> str:
         """SGDCT takes one vector-Jacobian product; it has no forward mode."""
         if mode not in ("auto", "reverse"):
             raise ValueError(f"SGDCT differentiates the drift in reverse mode only; pass mode='auto', got {mode!r}")
@@ -130,27 +137,35 @@ class DriftEstimation(NamedTuple):
         """The shape of one observed increment: that of the observation x."""
         return tuple(state.x.shape)
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, mode: str,
+    def noise_source(self, noise: NoiseLike | int, dt: Any, state: State, saved: dict | None) -> Noise:
+        """The observed increments given to the problem (for an int ``noise``), else the user's ``noise``."""
+        if self.increments is not None and isinstance(noise, int) and not isinstance(noise, bool):
+            data = self.increments[:, None] if self.single and self.increments.ndim == 2 else self.increments
+            return TensorNoise(data).expect(tuple(self.noise_shape(state)), state.x.dtype, state.x.device)
+        return super().noise_source(noise, dt, state, saved)
+
+    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Any) -> tuple[State, StepInfo]:
+        """x <- x + dX_n and StepInfo(loss, G = -direction)."""
+        x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
+        ascent, quadratic = _ascent(self.sde, state.theta, x, dx, dt)
+        direction = tree_map(lambda g: g / dt, ascent)
+        return state._replace(x=state.x + dw), StepInfo(quadratic / (2 * dt), tree_map(torch.neg, direction))
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Any,
                 reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
         """One SGDCT step on the observation x = state.x with increment dw; then x <- x + dw."""
         if reduce is not None:
-            raise ValueError("SGDCT on one observed path has no gradient to reduce across processes; "
+            raise ValueError("SGDCT on observed paths has no gradient to reduce across processes; "
                              "run it in a single process")
         x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
-        if self.optimizer is None:  # SGDCT's own update theta + alpha J' a^{-1} r, bitwise as before
+        if self.optimizer is None:  # SGDCT's own update theta + alpha J' a^{-1} r
             estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
             new = state._replace(x=state.x + dw, theta=estimate.theta, t=estimate.t)
-            return new._replace(average=average_step(state.average, new.theta, new.t)), StepInfo(info.loss,
-                                                                                                 info.direction)
-        ascent, quadratic = _ascent(self.sde, state.theta, x, dx, dt)
-        direction = tree_map(lambda g: g / dt, ascent)
-        gradient = tree_map(torch.neg, direction)  # descent on the loss: G = -direction
-        new = update_parameters(state, gradient, alpha, dt, self.optimizer)._replace(x=state.x + dw)
-        return new, StepInfo(quadratic / (2 * dt), direction)
-
-    def record(self, state: State) -> Any:
-        """theta, recorded in the history."""
-        return state.theta
+            return (new._replace(average=average_step(state.average, new.theta, new.t)),
+                    StepInfo(info.loss, info.direction))
+        moved, info = self.propagate(state, dw, dt, plan)
+        direction = tree_map(torch.neg, info.gradient)
+        return update_parameters(moved, info.gradient, alpha, dt, self.optimizer), StepInfo(info.cost, direction)
 
 
 def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
@@ -192,33 +207,13 @@ def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any
     return step_with_info(sde, state, x, dx, dt, lr)[0]
 
 
-def fit(sde: SDE, state: SGDCTState, x0: torch.Tensor, increments: torch.Tensor, dt: float, lr: LearningRate,
-        *, record_every: int = 1000) -> tuple[SGDCTState, History]:
-    """Run SGDCT along the path X_0 = x0, X_{n+1} = X_n + increments[n] (increments (n, d), step dt).
-
-    x0 (P, d) with increments (n, P, d): P independent paths, their updates averaged.
-
-    Returns the final state and a ``fwdtrain.History`` built as ``fwdtrain.run`` builds it (cost: the
-    mean ``loss`` since the previous record; grad_norm: |direction| at the record; average_cost: the
-    float64 running mean of ``loss``).
-    """
-    record_every = _checks.check_count(record_every, "record_every")
-    if not isinstance(x0, torch.Tensor):
-        raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
-    if not isinstance(increments, torch.Tensor) or increments.ndim != x0.ndim + 1 \
-            or increments.shape[1:] != x0.shape:
-        raise ValueError(f"increments must have shape (n, *x0.shape) = (n, {', '.join(map(str, x0.shape))}), "
-                         f"got {tuple(getattr(increments, 'shape', ()))}")
-    if increments.shape[0] == 0:
-        raise ValueError("increments is empty: pass at least one observed increment")
-    check_inputs(sde, state, x0, increments[0], dt, lr)
-    _checks.check_tensor(increments, "increments", x0.dtype, x0.device)
-    single = x0.ndim == 1
-    final, history = run(DriftEstimation(sde, single), as_state(state, x0), increments.shape[0], dt, lr,
-                         noise=increments[:, None] if single else increments, record_every=record_every,
-                         progress=False)
-    return SGDCTState(final.theta, final.t), history
+def __getattr__(name: str) -> Any:
+    if name == "fit":
+        raise AttributeError("sgdct.fit was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
+                             "fwdtrain.run(sgdct.DriftEstimation(sde, increments=increments), sgdct.as_state(state, x0), "
+                             "len(increments), dt, lr)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["SGDCTState", "SGDCTInfo", "DriftEstimation", "as_state", "init", "step", "step_with_info", "advance",
-           "check_inputs", "fit"]
+           "check_inputs"]

@@ -6,10 +6,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..optim import GradientTransformation, average_init
 from . import _checks
-from ._tree import tree_map
-from .optim import GradientTransformation, average_init
-from .problem import SDE, Coefficients, ControlledSDE, Theta, check_noise_type
+from ._tree import leaves, leaves_with_paths, size, tree_map
+from .problem import SDE, check_noise_type
+from .sensitivity import Coefficients, Theta
 
 
 class State(NamedTuple):
@@ -41,7 +42,40 @@ class State(NamedTuple):
 
     @property
     def dim(self) -> int:
-        return self.x.shape[1]
+        return self.x.shape[-1]
+
+    def __repr__(self) -> str:
+        """A summary: shapes, dtype, t and a few numbers (never every tensor)."""
+        return summary(self)
+
+
+def _numbers(tensor: torch.Tensor, count: int = 3) -> str:
+    """The first ``count`` entries of a tensor, for a summary ("[0.1, -2, ...]")."""
+    if not _checks.is_concrete(tensor):
+        return "<traced>"
+    flat = tensor.detach().reshape(-1)[:count].tolist()
+    more = ", ..." if tensor.numel() > count else ""
+    return "[" + ", ".join(f"{v:.4g}" for v in flat) + more + "]"
+
+
+def summary(state: "State") -> str:
+    """One line per field: shapes, dtype and device, t, the first numbers of x and theta."""
+    if not isinstance(state.x, torch.Tensor):
+        return f"State(x={state.x!r}, ...)"
+    theta = leaves_with_paths(state.theta)
+    t = state.t
+    clock = (f"{float(t):.6g}" if t.ndim == 0 else f"{tuple(t.shape)} clocks") if _checks.is_concrete(t) else "<traced>"
+    parts = [f"x {tuple(state.x.shape)} {str(state.x.dtype).removeprefix('torch.')} on {state.x.device} "
+             f"{_numbers(state.x)}",
+             f"theta: {len(theta)} leaves, {size(state.theta)} numbers"
+             + "".join(f"; {path} {tuple(leaf.shape)} {_numbers(leaf)}" for path, leaf in theta[:3])
+             + ("; ..." if len(theta) > 3 else ""),
+             f"x_tilde: {len(leaves(state.x_tilde))} leaves", f"t = {clock}"]
+    if not (isinstance(state.opt_state, tuple) and not state.opt_state):
+        parts.append(f"opt_state: {type(state.opt_state).__name__}")
+    if not (isinstance(state.average, tuple) and not state.average):
+        parts.append("average: a Polyak-Ruppert mean of theta")
+    return "State(" + ",\n      ".join(parts) + ")"
 
 
 _SHAPE_WORDS = ("shape", "size", "dimension", "out of range", "out of bounds", "mat1", "broadcast")
@@ -49,10 +83,7 @@ _SHAPE_WORDS = ("shape", "size", "dimension", "out of range", "out of bounds", "
 
 def _failing_function(sde: SDE, theta: Theta, x: torch.Tensor) -> str:
     """Which of the SDE's functions raises at x (re-evaluated one by one, on the error path only)."""
-    functions = [("drift", sde.drift), ("diffusion", sde.diffusion), ("cost", sde.cost)]
-    if isinstance(sde, ControlledSDE):
-        functions.insert(0, ("control", sde.control))
-    for field, function in functions:
+    for field, function in sde.parts():
         try:
             function(theta, x)
         except Exception:  # noqa: BLE001 - only looking for the culprit
@@ -108,14 +139,26 @@ def evaluate_once(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> 
         raise ValueError(f"diffusion returned shape {tuple(value.sigma.shape)}; it must return a ({d}, m) "
                          f"matrix or a ({d},) vector for diagonal noise")
     if value.cost.shape != ():
-        raise ValueError(f"cost returned shape {tuple(value.cost.shape)}; it must return a scalar (0-d tensor)")
+        raise ValueError(f"cost returned shape {tuple(value.cost.shape)}; it must return a scalar (0-d tensor), "
+                         f"e.g. (x * x).sum()")
     return value
 
 
+def check_finite(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> None:
+    """Raise ``ValueError`` naming the first of the SDE's functions (control, drift, diffusion, cost) that is
+    NaN or infinite at one particle x (d,); only on concrete values (skipped inside a transform)."""
+    if not _checks.is_concrete(x) or not all(_checks.is_concrete(leaf) for leaf in leaves(theta)):
+        return
+    for field, function in sde.parts():
+        value = function(theta, x)
+        if isinstance(value, torch.Tensor) and _checks.is_concrete(value) and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"the SDE's {field} is not finite at {name} = {_numbers(x, 4)}: it returned "
+                             f"{_numbers(value, 4)}; fix the {field} (or theta) so that it is finite there")
+
+
 def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
-    """m, the dimension of the Brownian motion: sigma's columns, or d for diagonal noise."""
-    sigma = Coefficients(*sde.coefficients(theta, x[0] if x.ndim == 2 else x)).sigma
-    return sigma.shape[-1]
+    """m, the dimension of the Brownian motion: sigma's columns, or d for diagonal noise (x (d,) or (N, d))."""
+    return sde.diffusion(theta, x[0] if x.ndim == 2 else x).shape[-1]
 
 
 def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *,
@@ -134,6 +177,10 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
          optimizer: GradientTransformation | None = None, average_from: Any = None,
          allow_low_precision: bool = False) -> State:
     """The state at t = 0: x = x0 for every particle, x_tilde = 0.
+
+    The SDE's functions are evaluated once at x0: their shapes, dtypes and devices are checked, each
+    must be finite there (a ``ValueError`` names the one that is not), and a declared noise type is
+    verified (``check_noise_type``).
 
     x0 is (d,) (copied to every particle; ``particles`` defaults to 1) or (N, d)
     (one row per particle). theta is copied (``clone``, not ``detach``) so later
@@ -165,7 +212,11 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
         raise ValueError("x0 is empty: the state dimension d must be at least 1")
     theta = tree_map(torch.clone, theta)
     evaluate_once(sde, theta, x[0])
+    check_finite(sde, theta, x[0])
     check_noise_type(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
     state = State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))
     return with_optimizer(state, optimizer, average_from=average_from)
+
+
+__all__ = ["State", "init", "with_optimizer", "noise_dim", "evaluate_once", "check_finite", "summary"]

@@ -40,12 +40,16 @@ from typing import Any, Sequence
 
 import torch
 
-from . import distributed, ensemble, examples, optim, plotting, schedules
-from .checkpoint import check_compatible, load, save
-from .checkpointing import Checkpointing, CheckpointWriteError
-from .driver import run
-from .errors import CheckpointError, DivergenceError
-from .state import with_optimizer
+from .. import distributed, examples, optim, plotting
+from ..compile.options import Compile
+from ..core import schedules
+from ..core.errors import CheckpointError, CheckpointWriteError, DivergenceError
+from ..core.state import with_optimizer
+from ..driver.checkpoint import check_compatible, load, save
+from ..driver.hooks import Checkpointing, Progress
+from ..driver.options import Checks, SaveAt
+from ..driver.run import run
+from ..problems import ensemble
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 # Where the command line's defaults should differ from an example builder's, per problem (none now:
@@ -316,22 +320,24 @@ def _train(args: argparse.Namespace, explicit_problem: bool) -> dict[str, Any]:
         metadata["world_size"] = size
     if members is not None:
         metadata["ensemble"] = members
-    saving = Checkpointing(args.checkpoint, args.checkpoint_every, metadata) if args.checkpoint else None
-    common = dict(history=history, record_every=args.record_every, checkpoint=saving,
-                  progress=False if args.no_progress or args.json else None,
-                  compile="auto" if args.compile is None else (args.compile or args.fuse > 1), fuse=args.fuse,
-                  optimizer=rule)
+    hooks: list = [Checkpointing(args.checkpoint, args.checkpoint_every, metadata)] if args.checkpoint else []
+    if not (args.no_progress or args.json):
+        hooks.append(Progress(enabled=None))
+    common = dict(save=SaveAt(args.record_every), optimizer=rule, hooks=tuple(hooks),
+                  compile=Compile("auto" if args.compile is None else (args.compile or args.fuse > 1)))
+    begin = (state, history)
     unsaved = None
     start = time.perf_counter()
     try:
         if grouped:  # the same run on every rank; the group's gradient, per-rank noise
-            state, history = distributed.distributed_run(example.trainable, state, remaining, example.dt, lr, seed,
-                                                         check_every=min(100, args.record_every), **common)
+            state, history = distributed.distributed_run(example.trainable, begin, remaining, example.dt, lr, seed,
+                                                         checks=Checks(min(100, args.record_every)), **common)
         elif members is not None:  # E seeds, one vmapped run
-            state, history = ensemble.run(example.trainable, state, remaining, example.dt, lr, seed, **common)
+            state, history = run(ensemble.Ensemble(example.trainable, members), begin, remaining, example.dt, lr,
+                                 seed, **common)
         else:
-            noise = example.data(seed, example.steps) if example.data is not None else None
-            state, history = run(example.trainable, state, remaining, example.dt, lr, seed, noise=noise, **common)
+            state, history = run(example.trainable, begin, remaining, example.dt, lr,
+                                 example.noise(seed, example.steps), **common)
     except DivergenceError as error:
         if args.checkpoint:  # keep the last finite state: resume it with a smaller --lr
             save(args.checkpoint, error.state, error.history, metadata=metadata)

@@ -1,0 +1,165 @@
+"""Where fwdtrain meets the parts of torch that change between releases: the one place for them.
+
+Every check of "what is torch doing right now" and every work-around of a torch limitation
+lives here, so the numerical code reads like its equations and a torch upgrade touches one file.
+
+- ``tracing()``: whether a graph is being recorded (``torch.compile``'s dynamo, or
+  ``make_fx`` in ``fwdtrain.compile``), so that eager-only shortcuts stay out of graphs.
+- ``is_wrapped(tensor)`` / ``transform_of(tensor)``: whether a tensor belongs to a
+  ``torch.func`` transform (its value cannot be read).
+- ``DYNAMO_TRACES_FORWARD_MODE``: torch 2.13's dynamo cannot trace ``jvp`` under ``vmap``
+  (fake-tensor propagation fails), so its fallback route compiles the reverse-mode step.
+- Inductor's folders (``use_cache_folders``): its caches, its precompiled headers (which torch keeps
+  in its default temporary folder whatever the cache folder) and the instruction-set probe's result
+  go to fwdtrain's cache folder; a known probe result skips the probe (3-4 s of compiling test
+  programs).
+- AOTInductor (``aot_compile``, ``aot_load``): ``torch.export`` of a traced graph, compiled into a
+  package, and loaded with the C++ loader (``torch._C._aoti.AOTIModelPackageLoader``: 3 ms, against
+  2.4 s for ``torch._inductor.aoti_load_package``, which imports inductor; and ~50 us less per call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+# dynamo (torch.compile) fails on jvp under vmap in torch <= 2.13; make_fx traces both modes.
+DYNAMO_TRACES_FORWARD_MODE = False
+
+
+def tracing() -> bool:
+    """True while torch.compile (dynamo) or ``make_fx`` records a graph of the code being run."""
+    if torch.compiler.is_compiling():
+        return True
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, already imported by torch.fx
+
+    return get_proxy_mode() is not None
+
+
+def is_wrapped(value: Any) -> bool:
+    """True for a tensor wrapped by a ``torch.func`` transform (vmap's BatchedTensor, grad's wrapper)."""
+    return isinstance(value, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(value)
+
+
+def transform_of(value: Any) -> str | None:
+    """The kind of ``torch.func`` transform wrapping ``value``, for error messages; None if none."""
+    if not isinstance(value, torch.Tensor) or torch.compiler.is_compiling():
+        return None
+    functorch = torch._C._functorch
+    if functorch.is_batchedtensor(value):
+        return "vmap"
+    if functorch.is_functorch_wrapped_tensor(value):
+        return "grad/jacrev/jacfwd/vjp/jvp"
+    return None
+
+
+def is_fake(value: Any) -> bool:
+    """True for a tensor without data (a fake or meta tensor, as ``make_fx`` traces with)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.is_meta)
+
+
+def use_cache_folders(folder: Path) -> None:
+    """Point inductor's caches at ``folder / "inductor"`` unless the user chose one (TORCHINDUCTOR_CACHE_DIR),
+    and its precompiled headers beside them. Cheap: imports no part of inductor that is not loaded."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # inductor writes its default into the variable the first time it looks: that is torch's choice, not the user's
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        chosen = str(folder / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
+    import sys
+
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is not None:
+        _move_headers(codecache, chosen)
+
+
+def _move_headers(codecache: Any, folder: str) -> None:
+    """Precompiled headers into ``folder`` (torch keeps them under its default temporary folder)."""
+    headers = os.path.join(folder, "precompiled_headers")
+    if getattr(codecache, "_HEADER_DIR", None) not in (None, headers):
+        codecache._HEADER_DIR = headers
+        codecache._HEADER_LOCK_DIR = os.path.join(headers, "locks")
+
+
+def _probe_file() -> Path:
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ".")) / "isa.json"
+
+
+def skip_known_probe(machine: str) -> None:
+    """If this machine's instruction-set probe passed before (``record_probe``), tell inductor so."""
+    import torch._inductor.config as config
+
+    try:
+        known = json.loads(_probe_file().read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(known, dict) and known.get("machine") == machine and known.get("torch") == torch.__version__ \
+            and known.get("all_supported") is True and config.cpp.vec_isa_ok is None:
+        config.cpp.vec_isa_ok = True
+
+
+def record_probe(machine: str) -> None:
+    """Remember whether every instruction set the CPU supports compiled and loaded (best effort)."""
+    from torch._inductor import cpu_vec_isa
+
+    try:
+        valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+        cpu = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else []
+        supported = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
+                     if all(flag in cpu for flag in str(isa).split())]
+        _probe_file().parent.mkdir(parents=True, exist_ok=True)
+        _probe_file().write_text(json.dumps({"machine": machine, "torch": torch.__version__, "valid": valid,
+                                             "all_supported": bool(valid) and valid == supported}))
+    except Exception:  # noqa: BLE001 - only an optimisation of the next start
+        pass
+
+
+def aot_compile(module: torch.nn.Module, example: tuple, path: str, options: dict[str, Any]) -> None:
+    """``torch.export`` ``module`` at ``example`` and compile it with AOTInductor into the package ``path``."""
+    import torch._inductor
+    import torch._inductor.codecache as codecache
+
+    _move_headers(codecache, os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.export's deprecation notes about its own pytree classes
+        program = torch.export.export(module, example, strict=False)
+        torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=options)
+
+
+def aot_load(path: str, device: torch.device) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The package's ``run(list of tensors) -> list of tensors``, through the C++ loader."""
+    index = device.index if device.index is not None else (-1 if device.type == "cpu" else 0)
+    loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", True, 1, index)
+    return loader.run
+
+
+
+
+
+def shapes_of(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` evaluated on fake tensors: its outputs' shapes, dtypes and devices, nothing computed.
+    Returns zeros of those shapes (a template, e.g. for a compiled loop's carry)."""
+    import optree
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = optree.tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args)
+        out = fn(*fake)
+        specs = optree.tree_map(lambda t: (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else t,
+                                out)
+    return optree.tree_map(lambda spec: torch.zeros(spec[0], dtype=spec[1], device=spec[2]), specs,
+                           is_leaf=lambda node: isinstance(node, tuple) and len(node) == 3
+                           and isinstance(node[1], torch.dtype))
+
+
+__all__ = ["DYNAMO_TRACES_FORWARD_MODE", "tracing", "is_wrapped", "transform_of", "is_fake", "use_cache_folders",
+           "skip_known_probe", "record_probe", "aot_compile", "aot_load", "shapes_of"]

@@ -1,0 +1,14 @@
+"""Compiled steps: traced once, compiled by AOTInductor, kept on disk (``torch.compile`` as the fallback).
+
+- ``options``: ``Compile``, what ``run(compile=...)`` takes;
+- ``kernels``: ``loop_kernel`` (a compiled loop of steps) and ``function_kernel``, cached per process; ``counts``;
+- ``graphs``: tracing a pure step into a flat ATen graph, and the loop built around it;
+- ``cache``: ``cache_dir()``, the kernels' keys and this machine's compile record;
+- ``policy``: what ``compile="auto"`` decides, from measurements on the machine that runs.
+"""
+
+from .cache import cache_dir
+from .kernels import clear, counts, function_kernel, loop_kernel
+from .options import Compile
+
+__all__ = ["Compile", "cache_dir", "counts", "clear", "loop_kernel", "function_kernel"]

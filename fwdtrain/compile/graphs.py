@@ -1,0 +1,101 @@
+"""Tracing a pure step once into a flat ATen graph, and the loop of steps built around it.
+
+``trace(fn, example)`` records ``fn`` (a pure function of pytrees of tensors) with ``make_fx``:
+every ``torch.func`` transform inside (vmap, vjp, jacfwd) is resolved into plain ATen operations,
+so the graph can be compiled without dynamo, exported and kept on disk. Tensors the user's
+functions close over become constants of the graph (and part of its key, ``cache.kernel_key``).
+
+``Loop(step_graph)`` is the module that AOTInductor compiles for a run: ``count`` steps of the
+traced step, ``carry = step(carry, inputs[start + i])`` for i < count, as a ``while_loop`` whose
+loop runs in the compiled C++ wrapper (no Python between steps), the inputs of a whole noise
+block passed at once, and ``count`` and ``start`` plain tensors: one compiled kernel takes every
+run of steps between two events, whatever its length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import optree
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+PyTree = Any
+StepFn = Callable[[PyTree, PyTree], PyTree]  # (carry, inputs of one step) -> carry
+
+
+class Traced(NamedTuple):
+    """A flat graph ``graph(*leaves) -> list of leaves`` of a pytree function, with the specs to unflatten."""
+
+    graph: torch.fx.GraphModule
+    in_spec: Any
+    out_spec: Any
+
+    @property
+    def nodes(self) -> int:
+        return len(self.graph.graph.nodes)
+
+    def constants(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor the graph holds (what the user's functions closed over), by name."""
+        named = dict(self.graph.named_buffers())
+        named.update(self.graph.named_parameters())
+        for node in self.graph.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(self.graph, str(node.target), None)
+                if isinstance(value, torch.Tensor):
+                    named[str(node.target)] = value
+        return sorted(named.items())
+
+
+def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
+    """``fn(*example)`` recorded as a flat ATen graph over the leaves of ``example`` (fake tensors: nothing is
+    computed). Raises what ``make_fx`` raises for code that is not a pure tensor program (e.g. ``.item()``)."""
+    leaves, in_spec = optree.tree_flatten(example)
+    out_spec: list[Any] = []
+
+    def flat(*args: torch.Tensor) -> list[torch.Tensor]:
+        out = fn(*optree.tree_unflatten(in_spec, list(args)))
+        out_leaves, spec = optree.tree_flatten(out)
+        out_spec[:] = [spec]
+        return out_leaves
+
+    graph = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*leaves)
+    return Traced(graph, in_spec, out_spec[0])
+
+
+def run_steps(step: StepFn, count: int, start: int, inputs: PyTree, carry: PyTree) -> PyTree:
+    """The loop's meaning (and its eager twin): ``carry = step(carry, inputs[start + i])`` for i < count."""
+    for i in range(count):
+        carry = step(carry, optree.tree_map(lambda block: block[start + i], inputs))
+    return carry
+
+
+class Loop(torch.nn.Module):
+    """``forward(count, start, *input_leaves, *carry_leaves) -> carry_leaves``: ``run_steps`` of a traced step.
+
+    ``step_graph`` takes (*carry_leaves, *one_step_input_leaves) and returns the new carry leaves.
+    """
+
+    def __init__(self, step_graph: torch.fx.GraphModule, inputs: int) -> None:
+        super().__init__()
+        self.step = step_graph
+        self.inputs = inputs
+
+    def forward(self, count: torch.Tensor, start: torch.Tensor, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        blocks, carry = leaves[:self.inputs], leaves[self.inputs:]
+
+        def condition(i: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+            return i < count
+
+        def body(i: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            index = (start + i).reshape(1)
+            step_inputs = [block.index_select(0, index).squeeze(0) for block in blocks]
+            return (i + 1, *self.step(*state, *step_inputs))
+
+        zero = torch.zeros((), dtype=torch.int64, device=count.device)
+        return tuple(while_loop(condition, body, (zero, *carry))[1:])
+
+
+__all__ = ["Traced", "trace", "run_steps", "Loop", "StepFn"]

@@ -1,0 +1,402 @@
+"""Compiled kernels: a pure step made fast, built once per process and kept on disk for the next.
+
+Two kinds, both computing exactly what their eager twin computes (to rounding):
+
+- ``loop_kernel(step, carry, inputs)``: ``chunk(count, start, inputs, carry)``, i.e.
+  ``graphs.run_steps``: ``count`` steps ``carry = step(carry, inputs[start + i])`` in one call.
+- ``function_kernel(fn, args)``: ``fn(*args)`` in one call (a single step in a loop of one's own,
+  or the two halves of a step around a gradient hook).
+
+Routes, tried in this order (``Compile.route``):
+
+1. ``"aot"``: the function traced once with ``make_fx`` (``graphs.trace``), keyed by that graph
+   (``cache.kernel_key``), loaded from ``cache_dir()/kernels`` when a package of that key exists,
+   else compiled by AOTInductor into one (``_compat.aot_compile``) and loaded by the C++ loader.
+   A package loaded from disk is checked against the eager step on its first call
+   (``Compile.verify``); a package that cannot be loaded or fails the check is set aside with a
+   one-line warning and rebuilt.
+2. ``"dynamo"``: ``torch.compile`` of the step (the loop in Python between steps), when the first
+   route fails; a one-line warning says why.
+3. eager: when compilation fails altogether (one warning line, as for the others).
+
+Kernels are cached in the process by the caller's key (the problem, dt, plan, solver, optimizer) and
+the inputs' shapes, dtypes and devices, so a second ``run`` call, a resumed run or a continued
+segment never traces or compiles again. ``counts()`` tells how many traces, compiles and loads a
+process made (tests count these events, never seconds). Inside the user's ``torch.func``
+transform a kernel runs its eager twin (its tensors cannot leave the transform).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import time
+import types
+import warnings
+from typing import Any, Callable, Hashable, Iterator
+
+import optree
+import torch
+
+from .. import _compat
+from ..core import _checks
+from . import cache, graphs
+from .options import Compile
+
+SINGLE_THREAD_BELOW = 1 << 16  # state numbers under which kernels run on one thread (no fork/join per kernel)
+LIMIT = 64  # kernels kept per process (least recently used first out)
+
+_KERNELS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+_COUNTS = collections.Counter({"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0})
+
+
+def counts() -> dict[str, int]:
+    """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
+    and how many fell back to another route."""
+    return dict(_COUNTS)
+
+
+def clear() -> None:
+    """Forget the kernels built in this process (the packages on disk stay)."""
+    _KERNELS.clear()
+
+
+def _signature(tree: Any) -> tuple:
+    return tuple((tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else (type(t).__name__, t)
+                 for t in optree.tree_leaves(tree))
+
+
+def _cached(key: Hashable, build: Callable[[], Any]) -> Any:
+    if key in _KERNELS:
+        _KERNELS.move_to_end(key)
+        return _KERNELS[key]
+    kernel = build()
+    _KERNELS[key] = kernel
+    while len(_KERNELS) > LIMIT:
+        _KERNELS.popitem(last=False)
+    return kernel
+
+
+def _concrete(tree: Any) -> bool:
+    return all(_checks.is_concrete(leaf) for leaf in optree.tree_leaves(tree))
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's loggers while compiling: a failed compile otherwise logs internal asserts first."""
+    loggers = [logging.getLogger("torch")] + [
+        logger for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def root_cause(error: BaseException) -> str:
+    """"Type: first line" of the innermost cause (compilers wrap an error in their own)."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"fwdtrain: {message}", RuntimeWarning, stacklevel=4)
+
+
+def inductor_options(carry: Any) -> dict[str, Any]:
+    """Options baked into a compiled kernel: one thread for small states (a two-thread region waits for a
+    partner that is not running on a busy machine: 22-38 ms per step instead of 2 ms at N = 256)."""
+    numbers = sum(leaf.numel() for leaf in optree.tree_leaves(carry) if isinstance(leaf, torch.Tensor))
+    return {"cpp.threads": 1 if numbers < SINGLE_THREAD_BELOW else torch.get_num_threads()}
+
+
+def _own_code(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own, so dynamo's per-code recompile limit counts per kernel."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return own
+
+
+def _close(computed: Any, expected: Any) -> bool:
+    """Every leaf equal to rounding: |a - b| <= 1e-3 (|b| + max |b|) (a stale kernel is far off)."""
+    for a, b in zip(optree.tree_leaves(computed), optree.tree_leaves(expected), strict=True):
+        if not isinstance(b, torch.Tensor) or not b.is_floating_point():
+            if not torch.equal(torch.as_tensor(a), torch.as_tensor(b)):
+                return False
+            continue
+        scale = float(b.detach().abs().max()) if b.numel() else 0.0
+        if not bool(((a - b).abs() <= 1e-3 * (b.abs() + scale)).all()):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- the AOTInductor route
+
+
+class _Package:
+    """A traced graph's AOTInductor package: ``warm`` when it is on disk; ``ready()`` loads or compiles it."""
+
+    def __init__(self, module: torch.nn.Module, example: list[torch.Tensor], key: str, options: dict[str, Any],
+                 nodes: int) -> None:
+        self.module, self.example, self.options, self.nodes = module, example, options, nodes
+        self.path = cache.package_path(key)
+        self.device = next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
+        self.run: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
+        self.loaded_from_disk = False
+
+    @property
+    def warm(self) -> bool:
+        """Whether a package of this key is on disk (loading it costs milliseconds)."""
+        return self.run is not None or self.path.is_file()
+
+    def ready(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+        """The package's ``run``: loaded from disk, else compiled first (a corrupt one is rebuilt with a warning)."""
+        if self.run is not None:
+            return self.run
+        if self.path.is_file():
+            try:
+                self.run = self._load()
+                self.loaded_from_disk = True
+                return self.run
+            except Exception as error:  # noqa: BLE001 - a corrupt or foreign package is rebuilt
+                _warn(f"the compiled kernel {self.path.name} could not be loaded ({root_cause(error)}); rebuilding it")
+                self.set_aside()
+        self._build()
+        assert self.run is not None
+        return self.run
+
+    def _load(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+        run = _compat.aot_load(str(self.path), self.device)
+        _COUNTS["loads"] += 1
+        return run
+
+    def _build(self) -> None:
+        machine = cache.machine()
+        _compat.skip_known_probe(machine)
+        temporary = cache.writable_temporary(self.path)
+        clock = time.perf_counter()
+        try:
+            with _quiet_torch_logs():
+                _compat.aot_compile(self.module, tuple(self.example), temporary, self.options)
+            os.replace(temporary, self.path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        cache.record_compile(time.perf_counter() - clock, self.nodes)
+        _compat.record_probe(machine)
+        _COUNTS["compiles"] += 1
+        self.run = self._load()
+
+    def set_aside(self) -> None:
+        """Move the package out of the cache's way (a later build writes a fresh one) and forget it."""
+        self.run, self.loaded_from_disk = None, False
+        try:
+            os.replace(self.path, self.path.with_suffix(".rejected"))
+        except OSError:
+            pass
+
+
+def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Package, Any]:
+    """Trace ``step`` once and wrap it in ``graphs.Loop``; (its package, the carry's pytree spec)."""
+    example_step = optree.tree_map(lambda block: block[0], inputs)
+    traced = graphs.trace(step, (carry, example_step))
+    _COUNTS["traces"] += 1
+    input_leaves, _ = optree.tree_flatten(inputs)
+    carry_leaves, carry_spec = optree.tree_flatten(carry)
+    count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
+    example = [count, start, *input_leaves, *carry_leaves]                                  # would alias one
+    options = inductor_options(carry)
+    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, "loop")
+    module = graphs.Loop(traced.graph, len(input_leaves))  # the traced step takes (carry leaves, input leaves)
+    return _Package(module, example, key, options, traced.nodes), carry_spec
+
+
+class LoopKernel:
+    """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
+
+    Built in two stages, so that ``compile="auto"`` can look before it pays: construction traces the step
+    and names its package (``warm``: on disk already; ``nodes``: the graph's size); the first call loads
+    the package or compiles it.
+    """
+
+    def __init__(self, step: graphs.StepFn, carry: Any, inputs: Any, options: Compile, what: str) -> None:
+        self.step, self.what, self.options = step, what, options
+        self.package: _Package | None = None
+        self.compiled_step: Callable | None = None
+        self.checked = not options.verify
+        if options.route == "aot":
+            try:
+                self.package, self.carry_spec = _loop_package(step, carry, inputs)
+                return
+            except Exception as error:  # noqa: BLE001 - any failure of this route falls back to the next
+                self._fall_back(error)
+                return
+        self.compiled_step = _DynamoOrEager(step, options, what)
+
+    @property
+    def warm(self) -> bool:
+        """Whether the first call costs no compile (a package on disk, or a kernel built in this process)."""
+        return self.package is not None and self.package.warm
+
+    @property
+    def nodes(self) -> int:
+        return self.package.nodes if self.package is not None else 0
+
+    @property
+    def route(self) -> str:
+        return "aot" if self.package is not None else "dynamo"
+
+    def _fall_back(self, error: BaseException) -> None:
+        _COUNTS["fallbacks"] += 1
+        _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
+        self.package = None
+        self.compiled_step = _DynamoOrEager(self.step, self.options, self.what)
+
+    def __call__(self, count: int, start: int, inputs: Any, carry: Any) -> Any:
+        if not (_concrete(inputs) and _concrete(carry)):  # inside the user's torch.func transform
+            return graphs.run_steps(self.step, count, start, inputs, carry)
+        if self.package is not None:
+            try:
+                run = self.package.ready()
+            except Exception as error:  # noqa: BLE001 - a compiler failure falls back to torch.compile
+                self._fall_back(error)
+            else:
+                if not self.checked:
+                    run = self._check(run, start, inputs, carry)
+                flat = [torch.tensor(count), torch.tensor(start), *optree.tree_leaves(inputs),
+                        *optree.tree_leaves(carry)]
+                return optree.tree_unflatten(self.carry_spec, run(flat))
+        return graphs.run_steps(self.compiled_step or self.step, count, start, inputs, carry)
+
+    def _check(self, run: Callable, start: int, inputs: Any, carry: Any) -> Callable:
+        """One step of a kernel loaded from disk against one eager step; rebuilt (with a warning) if off."""
+        self.checked = True
+        assert self.package is not None
+        if not self.package.loaded_from_disk:
+            return run
+        flat = [torch.tensor(1), torch.tensor(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+        expected = optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
+        if _close(run(flat), expected):
+            return run
+        _warn(f"the compiled kernel {self.package.path.name} on disk does not reproduce the eager step of "
+              f"{self.what}; rebuilding it")
+        self.package.set_aside()
+        return self.package.ready()
+
+
+class FunctionKernel:
+    """``fn(*args)`` compiled: the AOTInductor package of its traced graph, or ``torch.compile``."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, options: Compile, what: str) -> None:
+        self.fn, self.what, self.options = fn, what, options
+        self.package: _Package | None = None
+        self.compiled: Callable | None = None
+        self.checked = not options.verify
+        if options.route == "aot":
+            try:
+                traced = graphs.trace(fn, args)
+                _COUNTS["traces"] += 1
+                example = optree.tree_leaves(args)
+                values = inductor_options(args)
+                key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
+                self.package = _Package(traced.graph, example, key, values, traced.nodes)
+                self.out_spec = traced.out_spec
+                return
+            except Exception as error:  # noqa: BLE001 - any failure of this route falls back to the next
+                self._fall_back(error)
+                return
+        self.compiled = _DynamoOrEager(fn, options, what)
+
+    def _fall_back(self, error: BaseException) -> None:
+        _COUNTS["fallbacks"] += 1
+        _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
+        self.package = None
+        self.compiled = _DynamoOrEager(self.fn, self.options, self.what)
+
+    def __call__(self, *args: Any) -> Any:
+        if not _concrete(args):
+            return self.fn(*args)
+        if self.package is not None:
+            try:
+                run = self.package.ready()
+            except Exception as error:  # noqa: BLE001 - a compiler failure falls back to torch.compile
+                self._fall_back(error)
+            else:
+                out = optree.tree_unflatten(self.out_spec, run(optree.tree_leaves(args)))
+                if self.checked:
+                    return out
+                self.checked = True
+                if not self.package.loaded_from_disk or _close(out, self.fn(*args)):
+                    return out
+                _warn(f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
+                      f"rebuilding it")
+                self.package.set_aside()
+                return optree.tree_unflatten(self.out_spec, self.package.ready()(optree.tree_leaves(args)))
+        assert self.compiled is not None
+        return self.compiled(*args)
+
+
+class _DynamoOrEager:
+    """``torch.compile(fn)``; on its first failure one warning line, then ``fn`` eagerly for good."""
+
+    def __init__(self, fn: Callable, options: Compile, what: str) -> None:
+        _compat.use_cache_folders(cache.cache_dir())
+        self.fn, self.options, self.what = fn, options, what
+        self.compiled: Callable | None = None
+        self.failed = False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.failed or not _concrete(args):
+            return self.fn(*args)
+        if self.compiled is not None:
+            return self.compiled(*args)
+        try:
+            with _quiet_torch_logs():
+                extra = {"options": inductor_options(args)} if self.options.backend == "inductor" else {}
+                compiled = torch.compile(_own_code(self.fn), fullgraph=True, dynamic=False,
+                                         backend=self.options.backend, **extra)
+                result = compiled(*args)
+            _COUNTS["compiles"] += 1
+            self.compiled = compiled
+            return result
+        except Exception as error:  # noqa: BLE001 - any compiler failure falls back; eager re-raises user errors
+            from torch._dynamo.exc import RecompileError
+
+            if isinstance(error, RecompileError):
+                raise  # asked for by torch._dynamo.config.error_on_recompile: not a compiler failure
+            result = self.fn(*args)
+            self.failed = True
+            _COUNTS["fallbacks"] += 1
+            _warn(f"torch.compile of {self.what} failed ({root_cause(error)}); running it eagerly instead")
+            return result
+
+
+def loop_kernel(step: graphs.StepFn, carry: Any, inputs: Any, *, key: Hashable, options: Compile,
+                what: str = "the step") -> LoopKernel:
+    """The compiled loop of ``step`` for carries and input blocks shaped like these, built once per process
+    (``key``: what the step depends on besides its inputs: the problem, dt, plan, solver, optimizer)."""
+    _compat.use_cache_folders(cache.cache_dir())
+    signature = ("loop", key, options, _signature(carry), _signature(inputs))
+    return _cached(signature, lambda: LoopKernel(step, carry, inputs, options, what))
+
+
+def function_kernel(fn: Callable[..., Any], args: tuple, *, key: Hashable, options: Compile,
+                    what: str = "the step") -> FunctionKernel:
+    """``fn`` compiled for arguments shaped like ``args``, built once per process (``key`` as for ``loop_kernel``)."""
+    _compat.use_cache_folders(cache.cache_dir())
+    signature = ("function", key, options, _signature(args))
+    return _cached(signature, lambda: FunctionKernel(fn, args, options, what))
+
+
+__all__ = ["counts", "clear", "loop_kernel", "function_kernel", "LoopKernel", "FunctionKernel", "inductor_options",
+           "root_cause", "SINGLE_THREAD_BELOW"]

@@ -1,0 +1,55 @@
+"""``Compile``: whether and how a run's steps are compiled (``run(..., compile=Compile(...))``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, Union
+
+from ..core import _checks
+
+ROUTES = ("aot", "dynamo")
+
+
+class Compile(NamedTuple):
+    """How the steps of a run are computed.
+
+    Attributes:
+        enabled: ``"auto"`` (default): compile when the steps left are projected to take longer eagerly
+            than compiling them (timed on the first eager steps of this run on this machine; a kernel
+            already on disk counts as nearly free; ``fwdtrain.compile.policy``). ``True``: always.
+            ``False``: every step eager.
+        route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
+            into a package kept in ``fwdtrain.compile.cache_dir()``, loaded by later runs and processes
+            without compiling; every run of steps between two events is one call of a compiled loop.
+            ``"dynamo"``: ``torch.compile`` of each step (the fallback, also taken with a one-line
+            warning where the ``"aot"`` route fails).
+        backend: the ``torch.compile`` backend of the ``"dynamo"`` route (``"eager"`` traces only: quick tests).
+        chunk: steps of noise drawn at once: the most steps one compiled call takes (results do not depend on it).
+        verify: check a kernel loaded from disk against the eager step on its first call (one eager step).
+    """
+
+    enabled: Union[bool, Literal["auto"]] = "auto"
+    route: Literal["aot", "dynamo"] = "aot"
+    backend: str = "inductor"
+    chunk: int = 1024
+    verify: bool = True
+
+
+def as_compile(value: Any) -> Compile:
+    """A ``Compile`` from what a user passes: a ``Compile``, True, False or "auto" (0.2's backend names too)."""
+    if isinstance(value, Compile):
+        options = value
+    elif value is True or value is False or value == "auto":
+        options = Compile(enabled=value)
+    elif isinstance(value, str):  # a torch.compile backend name, as 0.2's run(compile="eager") took it
+        options = Compile(enabled=True, route="dynamo", backend=value)
+    else:
+        raise TypeError(f"compile must be True, False, \"auto\" or a fwdtrain.Compile(...), got {value!r}")
+    if not (options.enabled is True or options.enabled is False or options.enabled == "auto"):
+        raise ValueError(f"Compile(enabled=...) must be True, False or \"auto\", got {options.enabled!r}")
+    if options.route not in ROUTES:
+        raise ValueError(f"Compile(route=...) must be one of {ROUTES}, got {options.route!r}")
+    _checks.check_count(options.chunk, "Compile(chunk=...)")
+    return options
+
+
+__all__ = ["Compile", "as_compile", "ROUTES"]

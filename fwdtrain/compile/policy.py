@@ -1,0 +1,76 @@
+"""``compile="auto"``: compile when the steps left are projected to take longer eagerly than compiling them.
+
+One cost model, measured on the machine that runs:
+
+    eager    = remaining x t_eager                                (t_eager: this run's first eager steps, timed)
+    compiled = T_compile + remaining x t_eager / speedup
+
+and the run compiles iff compiled < eager. ``T_compile`` is nearly nothing when the kernel's
+AOTInductor package is already on disk (a load takes milliseconds, after a trace that costs about
+``TRACE_SECONDS``); otherwise this machine's own record of compile seconds per graph node
+(``cache.record_compile``), or ``ASSUMED_SECONDS_PER_NODE`` until it has compiled once. ``speedup``
+is this machine's record of eager against compiled step times (``record_speedup``), or
+``ASSUMED_SPEEDUP`` until it has one. The assumed constants only matter for a machine's first
+compile; they are stated in the docs with the measurements they come from.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import NamedTuple
+
+from . import cache
+
+TRACE_SECONDS = 1.5  # tracing the step with make_fx, the first torch.func call included (~1.2 s measured)
+LOAD_SECONDS = 0.05  # loading a package from disk (3 ms measured) and checking it against one eager step
+ASSUMED_SECONDS_PER_NODE = 0.03  # before a machine's first compile: 11 s for the 370-node seed step, 2-core CPU
+ASSUMED_SPEEDUP = 20.0  # before a machine's first measurement: 3.2 ms eager against 0.1 ms compiled at N = 256
+EAGER_PROBE_STEPS = 3  # eager steps timed before "auto" decides (after one warm-up step)
+
+
+class Decision(NamedTuple):
+    """What ``decide`` chose, with its estimates in seconds (for logs, benchmarks and tests)."""
+
+    compile: bool
+    eager_s: float
+    compiled_s: float
+
+
+def seconds_per_node() -> float:
+    """This machine's median compile seconds per graph node, or the assumed value before its first compile."""
+    entries = cache.read_stats().get("compiles", [])
+    rates = [seconds / nodes for seconds, nodes in entries if nodes > 0 and seconds > 0]
+    return statistics.median(rates) if rates else ASSUMED_SECONDS_PER_NODE
+
+
+def speedup() -> float:
+    """This machine's median eager / compiled step time, or the assumed value before its first measurement."""
+    ratios = [r for r in cache.read_stats().get("speedups", []) if isinstance(r, (int, float)) and r > 0]
+    return statistics.median(ratios) if ratios else ASSUMED_SPEEDUP
+
+
+def worth_tracing(eager_step_s: float, remaining: int) -> bool:
+    """Whether the eager steps left take longer than tracing would: below that, stay eager without looking."""
+    return eager_step_s * remaining > TRACE_SECONDS
+
+
+def decide(eager_step_s: float, remaining: int, *, warm: bool, nodes: int) -> Decision:
+    """Compile iff the compiled estimate (compile or load, then faster steps) beats the eager one."""
+    eager = eager_step_s * remaining
+    compile_s = LOAD_SECONDS if warm else seconds_per_node() * nodes
+    compiled = compile_s + eager / speedup()
+    return Decision(compiled < eager, eager, compiled)
+
+
+def record_speedup(eager_step_s: float, compiled_step_s: float) -> None:
+    """Remember a measured eager / compiled step-time ratio (best effort)."""
+    if eager_step_s <= 0 or compiled_step_s <= 0:
+        return
+    stats = cache.read_stats()
+    ratios = [r for r in stats.get("speedups", []) if isinstance(r, (int, float))][-19:]
+    ratios.append(eager_step_s / compiled_step_s)
+    cache.write_stats({**stats, "speedups": ratios})
+
+
+__all__ = ["Decision", "decide", "worth_tracing", "seconds_per_node", "speedup", "record_speedup", "TRACE_SECONDS",
+           "ASSUMED_SECONDS_PER_NODE", "ASSUMED_SPEEDUP", "EAGER_PROBE_STEPS"]

@@ -1,0 +1,4 @@
+"""The maths: what the SDE is, the state, the sensitivity, the solvers and the kernel, noise, schedules, history.
+
+Every function here is pure and transformable by ``torch.func``; nothing here loops over a run.
+"""

@@ -1,0 +1,21 @@
+"""The run: the loop over a problem's pure steps, its options and hooks, and its files.
+
+- ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``;
+- ``options``: ``SaveAt`` (what to record, how often) and ``Checks`` (divergence checks);
+- ``hooks``: ``Progress``, ``Checkpointing``, ``Callback``, ``GradientHook`` and the ``Hook`` base class;
+- ``loop``: the ``Loop`` itself; ``steppers``: eager or compiled steps, chosen once;
+- ``checkpoint``: ``save``, ``load``, ``check_compatible`` (atomic, weights_only, digest-checked files);
+- ``evaluate``: ``stationary_cost`` (J with theta frozen, for reports);
+- ``legacy``: 0.2's keywords of ``run``, accepted for one release.
+"""
+
+from .checkpoint import Checkpoint, check_compatible, load, save
+from .evaluate import CostEstimate, stationary_cost
+from .hooks import Callback, Checkpointing, GradientHook, Hook, Progress
+from .loop import Loop
+from .options import Checks, SaveAt
+from .run import Run, run, setup
+
+__all__ = ["run", "Run", "setup", "SaveAt", "Checks", "Hook", "Callback", "GradientHook", "Progress",
+           "Checkpointing", "Loop", "Checkpoint", "save", "load", "check_compatible", "stationary_cost",
+           "CostEstimate"]

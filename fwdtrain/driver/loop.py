@@ -1,0 +1,282 @@
+"""The loop: a problem's steps between events, with a history, divergence checks and hooks.
+
+``Loop.advance_to(n)`` steps until step n (it can be advanced again). Steps come from a
+stepper (``steppers``: eager or compiled, chosen once); between two events every step is
+unchecked. At its events the loop checks for divergence (``Checks``), takes a record
+(``SaveAt``) and calls its hooks (``hooks``). It knows only the ``Trainable`` interface: a problem
+made of E independent members (an ensemble) answers ``within`` with (E,) flags, and then a member
+that fails a check is frozen at its last checked state (``Trainable.freeze``) while the others go on.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+
+from ..core import _checks
+from ..core.errors import DivergenceError
+from ..core.history import History, Record, build, empty_records
+from ..core.noise import BrownianNoise, FunctionNoise, Noise, TensorNoise
+from ..core.state import State
+from ..optim import Average
+from ..problems.trainable import Schedule, Trainable
+from .hooks import Hook
+from .options import Checks, SaveAt
+from .steppers import Carry, Eager, Stepping
+
+
+def _next(n: int, every: int | None) -> int:
+    return (n // every + 1) * every if every else sys.maxsize
+
+
+def check_learning_rate(schedule: Schedule, t: torch.Tensor, lr: Any) -> None:
+    """``_checks.check_alpha`` of alpha = schedule(t); with members (t of shape (E,)) for each member's alpha."""
+    alpha = schedule(t)
+    if t.ndim == 0:
+        _checks.check_alpha(alpha, t, lr)
+        return
+    alphas = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
+    if alphas.shape not in ((), t.shape):
+        raise ValueError(f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
+                         f"expected one value per member, ({t.shape[0]},)")
+    for t_e, alpha_e in zip(t, alphas.expand(t.shape)):
+        _checks.check_alpha(alpha_e, t_e, lr)
+
+
+class Loop:
+    """A run's loop from ``driver.run.setup``; ``advance_to(n)`` steps it to step n and it can be advanced again.
+
+    ``carry`` is where it stands; records are kept as they are taken and ``history()`` stacks them.
+    """
+
+    def __init__(self, problem: Trainable, stepping: Stepping, stepper: Any, source: Noise, carry: Carry, end: int,
+                 *, save: SaveAt, checks: Checks, hooks: tuple[Hook, ...], previous: History | None,
+                 window: tuple[int, torch.Tensor], chunk: int, lr: Any) -> None:
+        self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
+        self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
+        self.previous, self.window, self.chunk, self.lr = previous, window, chunk, lr
+        self.start = carry.n
+        self.record_state: Callable[[State], Any] = save.record or problem.record
+        self.records: list[Record] = []
+        self.empty = empty_records(self.record_state(carry.state))
+        averaged = isinstance(carry.state.average, Average)
+        self.empty_average = empty_records(carry.state.average.mean) if averaged else None
+        self.dtype = carry.state.x.dtype
+        self.good = (carry, source.state_dict(carry.n))  # the last carry that passed a check, with its noise position
+        flags = problem.within(carry.state, checks.bound)
+        # members (a problem whose ``within`` has a member axis): (alive (E,) bool, frozen_at (E,) int64, -1: running)
+        self.members: tuple[torch.Tensor, torch.Tensor] | None = None
+        if flags.ndim:
+            diverged = previous.diverged if previous is not None else None
+            if diverged is not None:
+                if diverged.shape != flags.shape:
+                    raise ValueError(f"the history has {diverged.shape[0]} members, the state {flags.shape[0]}")
+                assert previous is not None and previous.frozen_at is not None
+                self.members = (~diverged.to(torch.bool), previous.frozen_at.to(torch.int64))
+            else:
+                self.members = (torch.ones_like(flags, dtype=torch.bool),
+                                torch.full(flags.shape, -1, dtype=torch.int64))
+
+    def set_carry(self, carry: Carry) -> None:
+        self.carry = carry
+
+    # ---- records ----
+    def running_cost(self) -> torch.Tensor:
+        """The running average cost (1/n) sum_k mean_i c(X_k); with members, the mean over those still running."""
+        c = self.carry
+        average = c.total / max(c.n, 1)
+        return average if self.members is None else average[self.members[0]].mean()
+
+    def record_now(self, c: Carry | None = None) -> None:
+        """Take a record of carry ``c`` (default the current one), unless there is one at that step."""
+        c = self.carry if c is None else c
+        if c.info is None or (self.records and self.records[-1].step == c.n):
+            return
+        g, total_g = self.window
+        cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
+        grad, average = self.problem.gradient_norm(c.info.gradient), c.total / c.n
+        if self.members is not None:  # a frozen member has no cost or gradient after its freeze
+            alive = self.members[0]
+            cost, grad, average = (torch.where(alive, value, torch.full_like(value, float("nan")))
+                                   for value in (cost, grad, average))
+        values = {"cost": cost, "average_cost": average}
+        for hook in self.hooks:
+            values = hook.record(values)
+        theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
+        self.records.append(Record(c.n, c.state.t, values["cost"], grad, values["average_cost"],
+                                   self.record_state(c.state), theta_average))
+        if c.n % self.save.every == 0:
+            self.window = (c.n, c.total)
+
+    def history(self, c: Carry | None = None, noise_state: dict | None = None, interrupted: bool = False) -> History:
+        """The history up to the last record, continuing from carry ``c`` (default the current one)."""
+        c = self.carry if c is None else c
+        carried = {"noise": self.source.state_dict(c.n) if noise_state is None else noise_state,
+                   "cost_total": c.total, "window_start": torch.tensor(self.window[0], dtype=torch.int64),
+                   "window_total": self.window[1]}
+        alive, frozen_at = self.members if self.members is not None else (None, None)
+        return build(self.records, self.empty, carry=carried, interrupted=interrupted, dtype=self.dtype,
+                     device=c.state.x.device, previous=self.previous, empty_average=self.empty_average,
+                     diverged=None if alive is None else ~alive, frozen_at=frozen_at)
+
+    # ---- checks ----
+    def check(self) -> None:
+        """Raise ``DivergenceError`` unless the current state is finite (and within the bound).
+
+        With members: a member that fails is frozen at its state of the last passed check (``freeze``)
+        and flagged; the error is raised only when no member is left running.
+        """
+        c = self.carry
+        ok = self.problem.within(c.state, self.checks.bound)
+        for hook in self.hooks:
+            ok = hook.checked(self, ok)
+        if self.members is None:
+            if not bool(ok.all()):
+                raise self.diverged(c.n)
+        else:
+            alive, frozen_at = self.members
+            running, good = alive & ok, self.good[0]
+            frozen_at = torch.where(alive & ~ok, torch.tensor(good.n), frozen_at)
+            if not bool(running.any()):  # every member has diverged: the run has
+                self.record_now(good)
+                self.members = (running, frozen_at)
+                raise self.diverged(c.n)
+            if not bool(running.all()):  # freeze the failed members (and reset the frozen ones) at the last pass
+                c = Carry(self.problem.freeze(good.state, c.state, running), c.n,
+                          torch.where(running, c.total, good.total), c.info)
+                self.carry = c
+            self.members = (running, frozen_at)
+        self.good = (c, self.source.state_dict(c.n))
+        self.check_learning_rate()
+
+    def check_learning_rate(self) -> None:
+        """Raise ``DivergenceError`` (carrying the current state) if alpha(t_n) is not a finite number >= 0."""
+        c = self.carry
+        try:
+            check_learning_rate(self.stepping.schedule, c.state.t, self.lr)
+        except (TypeError, ValueError) as error:
+            self.record_now(c)
+            raise DivergenceError(f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
+                                  f"check) with the state reached in error.state", step=c.n, last_finite_step=c.n,
+                                  state=c.state, history=self.history(c, self.good[1])) from error
+
+    def diverged(self, n: int) -> DivergenceError:
+        """The error for a failed check at step n, carrying the last state that passed and its history; it
+        names the step and the coefficient that first became non-finite when a replay finds them."""
+        last, noise_state = self.good  # no record is ever taken after the last passed check
+        self.record_now(last)
+        limit = f" or exceeded bound={self.checks.bound}" if self.checks.bound is not None else ""
+        t0 = float(last.state.t.amax())
+        dt = float(self.stepping.dt)
+        first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
+        if culprit is not None:
+            detail = f"the {culprit} returned NaN or inf at the particles of step {first}"
+        elif first < n:
+            detail = f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem " \
+                     f"was finite at step {first - 1})"
+        else:
+            detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
+        what = "the run" if self.members is None else "every member of the ensemble"
+        return DivergenceError(
+            f"{what} diverged: {detail} (t = {t0 + (first - last.n) * dt:.6g}); the last checked state, of step "
+            f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step", step=first,
+            last_finite_step=last.n, state=last.state, history=self.history(last, noise_state), culprit=culprit)
+
+    def replay(self, last: Carry, noise_state: dict, n: int) -> tuple[int, str | None]:
+        """Step eagerly from the last checked state to the first step whose state fails the check: (that step,
+        the problem's function that was not finite at the state before it, ``Trainable.nonfinite``, or None).
+        (n, None) when the replay is not possible (a gradient hook: its collectives cannot be repeated)."""
+        source = _rewound(self.source, noise_state, last.state)
+        if source is None or self.stepping.reduce is not None:
+            return n, None
+        eager, carry = Eager(self.stepping), last
+        block = source.draw(n - last.n)
+        for i in range(n - last.n):
+            culprit = self.problem.nonfinite(carry.state)
+            if culprit is not None:
+                return carry.n, culprit
+            carry = eager.steps(carry, block, i, 1, lambda c: None)
+            if not bool(self.problem.within(carry.state, self.checks.bound).all()):
+                return carry.n, self.problem.nonfinite(carry.state)
+        return n, None
+
+    def visible(self, c: Carry | None = None) -> State:
+        """The state a callback sees: with members, the frozen ones at their frozen state."""
+        c = self.carry if c is None else c
+        if self.members is None or bool(self.members[0].all()):
+            return c.state
+        return self.problem.freeze(self.good[0].state, c.state, self.members[0])
+
+    # ---- the loop ----
+    def next_check(self, n: int) -> int:
+        """The first step after n at which the loop checks (a divergence check, a record, a checkpoint, the end)."""
+        first = self.start + 1 if n < self.start + 1 else sys.maxsize
+        recorded = [_next(n, hook.every) for hook in self.hooks if hook.needs_record]
+        return min(_next(n, self.save.every), _next(n, self.checks.every), first, *recorded, self.end)
+
+    def _next_event(self, n: int, stop: int) -> int:
+        first = self.start + 1 if n < self.start + 1 else sys.maxsize  # one check after the first step
+        return min(_next(n, self.save.every), _next(n, self.checks.every), first,
+                   *(_next(n, hook.every) for hook in self.hooks), self.end, stop)
+
+    def _on_event(self) -> None:
+        n = self.carry.n
+        is_record = n % self.save.every == 0 or n == self.end
+        due = [hook for hook in self.hooks if hook.every and n % hook.every == 0]
+        needs_record = any(hook.needs_record for hook in due)
+        if is_record or needs_record or n % self.checks.every == 0 or n == self.start + 1:
+            self.check()
+        if is_record or needs_record:
+            self.record_now()
+        for hook in due:
+            hook.at(self)
+
+    def advance_to(self, stop: int) -> Carry:
+        """Step until step ``stop`` (at most the end): unchecked steps, events at their steps. Returns the carry.
+
+        Raises ``DivergenceError`` at a failed check; KeyboardInterrupt leaves ``carry`` at the last whole step
+        (after the hooks' ``failed``, which may raise instead).
+        """
+        stop = min(stop, self.end)
+        next_event = self._next_event(self.carry.n, stop)
+        try:
+            while self.carry.n < stop:
+                drawn = self.source.draw(min(self.chunk, stop - self.carry.n))
+                block = _padded(drawn, self.chunk)
+                i = 0
+                while i < len(drawn):
+                    count = min(next_event - self.carry.n, len(drawn) - i)
+                    self.stepper.steps(self.carry, block, i, count, self.set_carry)
+                    i += count
+                    if self.carry.n == next_event:
+                        self._on_event()
+                        next_event = self._next_event(self.carry.n, stop)
+        except BaseException as error:
+            if not isinstance(error, DivergenceError):
+                for hook in self.hooks:
+                    hook.failed(self, error)
+            raise
+        return self.carry
+
+
+def _padded(block: torch.Tensor, length: int) -> torch.Tensor:
+    """``block`` with zero rows appended up to ``length`` rows (a compiled loop takes blocks of one shape)."""
+    if block.shape[0] == length:
+        return block
+    return torch.cat([block, block.new_zeros((length - block.shape[0], *block.shape[1:]))])
+
+
+def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:
+    """A copy of ``source`` at the position ``saved`` (its ``state_dict``), or None if it cannot be rewound."""
+    if isinstance(source, BrownianNoise):
+        return BrownianNoise.from_state_dict(saved, state.x.dtype, state.x.device)
+    if isinstance(source, (TensorNoise, FunctionNoise)):
+        copy = source.copy()
+        copy.position = int(saved[source.kind]["position"])
+        return copy
+    return None
+
+
+__all__ = ["Loop", "Carry", "check_learning_rate"]

@@ -1,0 +1,205 @@
+"""``run``: train a problem online for a number of steps; ``setup``: the same, as a ``Loop`` one can step.
+
+``run`` = ``setup`` (validate once, bind the solver and optimizer, choose the stepper, position
+the noise) + ``Loop.advance_to`` (the unchecked steps between events) + the hooks' ends. It is a
+pure function of its inputs: the same problem, start, noise and options give bitwise the same
+result whatever the noise chunk size, and a continued run equals the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from .. import _compat
+from ..compile.options import Compile, as_compile
+from ..core import _checks
+from ..core.history import History
+from ..core.kernel import GradientReduce, LearningRate
+from ..core.noise import BrownianNoise, FunctionNoise, NoiseLike, TensorNoise
+from ..core.solvers import Solver
+from ..core.state import State
+from ..optim import GradientTransformation
+from ..problems.cost import as_trainable
+from ..problems.trainable import Trainable
+from . import steppers
+from .checkpoint import Checkpoint
+from .hooks import Hook, check_hooks
+from .legacy import accepts_0_2_keywords
+from .loop import Loop, check_learning_rate
+from .options import Checks, SaveAt, check_checks, check_save
+from .steppers import Carry, Stepping
+
+
+class Run(NamedTuple):
+    """What ``run`` returns: the final ``state`` and the ``history`` of records. Pass it back to ``run`` as the
+    start to continue the run (``state, history = run(...)`` unpacks it)."""
+
+    state: State
+    history: History
+
+
+def _start(start: Any) -> tuple[State, History | None]:
+    """(state, history) from a ``State``, a ``Run`` or ``Checkpoint`` to continue, or a (state, history) pair."""
+    if isinstance(start, State):
+        return start, None
+    if isinstance(start, (Run, Checkpoint)) or (isinstance(start, tuple) and len(start) == 2):
+        state, history = start[0], start[1]
+        if not isinstance(state, State):
+            raise TypeError(f"run(problem, start, ...): start[0] must be a fwdtrain.State, got {type(state).__name__}")
+        if history is not None and not isinstance(history, History):
+            raise TypeError(f"run(problem, start, ...): start[1] must be the fwdtrain.History of the run that made "
+                            f"the state, got {type(history).__name__}")
+        return state, history
+    raise TypeError(f"run(problem, start, ...) starts from a fwdtrain.State (from fwdtrain.init), or continues a "
+                    f"run: the Run it returned, a Checkpoint from fwdtrain.load, or (state, history); "
+                    f"got {type(start).__name__}")
+
+
+def _continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
+    """(start step, float64 cost total, record window) of a run continued from ``history`` (zeros for a new run)."""
+    zero = torch.zeros((), dtype=torch.float64, device=state.x.device)
+    if history is None or not len(history.step):
+        return 0, zero, (0, zero)
+    if history.carry is None or history.average_cost is None:
+        raise ValueError("history has no carry (it was not returned by fwdtrain.run or load); it cannot be continued")
+    if not torch.equal(history.t[-1].to(state.t), state.t):
+        raise ValueError(f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
+                         f"continue from the Run (or checkpoint) that holds both")
+    total = history.carry["cost_total"].to(state.x.device)
+    window = (int(history.carry["window_start"]), history.carry["window_total"].to(state.x.device))
+    return history.steps, total, window
+
+
+def _positioned(source: Any, start: int, history: History | None) -> Any:
+    """The noise source at step ``start``: a tensor or function is indexed by the step count; a stream must
+    already be there."""
+    if isinstance(source, (TensorNoise, FunctionNoise)):
+        source.position = start
+    elif source.position != start:
+        raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
+                         + ("continue from the Run (or checkpoint) that carries its position" if history is not None
+                            else "pass a fresh source (or its state_dict position) for a new run"))
+    return source
+
+
+def _reduce(hooks: tuple[Hook, ...]) -> GradientReduce | None:
+    """The hooks' gradient maps composed in order, or None when no hook reduces the gradient."""
+    reducing = [hook for hook in hooks if hook.reduces_gradient]
+    if not reducing:
+        return None
+
+    def reduce(gradient: Any) -> Any:
+        for hook in reducing:
+            gradient = hook.reduce(gradient)
+        return gradient
+    return reduce
+
+
+def setup(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noise: NoiseLike | int = 0, *,
+          solver: Solver | str | None = None, optimizer: GradientTransformation | None = None,
+          save: SaveAt | None = None, checks: Checks | None = None, compile: Any = "auto", hooks: Any = ()) -> Loop:
+    """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the start's
+    step (0 for a new run) and ending ``steps`` later; the hooks' ``start`` has run. Nothing is stepped."""
+    steps = _checks.check_count(steps, "steps", minimum=0)
+    save, checks, options, hooks = check_save(save), check_checks(checks), as_compile(compile), check_hooks(hooks)
+    state, history = _start(start)
+    trainable: Trainable = as_trainable(problem, solver, optimizer)
+    trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
+    schedule = trainable.schedule(lr, state)
+    for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
+        check_learning_rate(schedule, t, lr)
+    initial = trainable.within(state, checks.bound)
+    if not bool(initial.all()):
+        which = f" (members {torch.nonzero(~initial).flatten().tolist()})" if initial.ndim else ""
+        above = f" or entries above bound={checks.bound}" if checks.bound else ""
+        raise ValueError(f"the initial state has non-finite entries{above}{which}")
+    first, total, window = _continued(history, state)
+    source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
+    source = _positioned(source, first, history)
+    forward_traceable = options.route == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE
+    mode = "reverse" if options.enabled is not False and not forward_traceable else "auto"
+    stepping = Stepping(trainable, dt, trainable.plan(state, mode), schedule, _reduce(hooks))
+    example = torch.zeros((options.chunk, *trainable.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
+    stepper = steppers.stepper(stepping._replace(dt=float(dt)) if options.enabled is not False else stepping,
+                               state, example, options, first + steps)
+    loop = Loop(trainable, stepping, stepper, source, Carry(state, first, total, None), first + steps, save=save,
+                checks=checks, hooks=hooks, previous=history, window=window, chunk=options.chunk, lr=lr)
+    for hook in hooks:
+        hook.start(loop)
+    return loop
+
+
+@accepts_0_2_keywords
+def run(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noise: NoiseLike | int = 0, *,
+        solver: Solver | str | None = None, optimizer: GradientTransformation | None = None,
+        save: SaveAt | None = None, checks: Checks | None = None, compile: Compile | bool | str = "auto",
+        hooks: Hook | tuple[Hook, ...] = ()) -> Run:
+    """Train ``problem`` online for ``steps`` steps of size ``dt`` from ``start``: X, Xtilde and theta together.
+
+    Args:
+        problem: What to train: an ``SDE`` / ``ControlledSDE`` (on its running cost), a
+            ``calibration.Calibration``, an ``sgdct.DriftEstimation``, an ``ensemble.Ensemble`` of any of
+            these, or any ``fwdtrain.problems.Trainable``.
+        start: A ``State`` (``fwdtrain.init``) for a new run, or the run to continue: the ``Run`` this
+            function returned, a ``Checkpoint`` (``fwdtrain.load``), or a (state, history) pair. A continued
+            run goes on with the same step count, running cost and noise stream.
+        steps: The number of steps this call takes (a continued run takes ``steps`` more).
+        dt: The step h > 0.
+        lr: The learning rate alpha: a number, a 0-d tensor or a schedule t -> alpha(t)
+            (``fwdtrain.schedules``); for an ensemble also one value per member or an ``ensemble.PerMember``.
+        noise: The Brownian increments: an int seeds ``BrownianNoise`` (default 0; member e of an ensemble
+            draws seed + e, or pass E seeds); or a ``BrownianNoise``, a (steps, N, m) tensor whose row n is
+            dW_n, or a function (start, count) -> (count, N, m), n counted from the start of training.
+        solver: ``fwdtrain.Euler()`` (default), ``Heun()`` or ``Milstein()``, or its name.
+        optimizer: The update rule, a ``fwdtrain.optim`` transformation; ``state.opt_state`` must be its
+            state (``init(..., optimizer=...)``). None: theta <- theta - alpha h G.
+        save: ``SaveAt(every, record)``: what the history records and how often (default every 100 steps).
+        checks: ``Checks(every, bound)``: divergence checks (default every 100 steps, and after the first step).
+        compile: ``"auto"`` (default), ``True``, ``False`` or a ``Compile(...)``: whether and how steps are
+            compiled (``fwdtrain.Compile``). Compiled steps equal the eager ones to rounding.
+        hooks: ``Progress()``, ``Checkpointing(path, every)``, ``Callback(fn, every)``, or others of
+            ``fwdtrain.driver.hooks``.
+
+    Returns:
+        ``Run(state, history)``: the final state and the records (``fwdtrain.History``).
+
+    Raises:
+        TypeError, ValueError: For bad input, before any step (shapes, dtypes, non-finite values, a state of
+            another rule, a learning rate that is negative or non-finite at either end, a noise of the
+            wrong shape, a solver that does not take this noise).
+        CheckpointError: A checkpoint path that cannot be written (probed before the first step).
+        DivergenceError: x, x_tilde or theta became non-finite (or exceeded ``Checks(bound=...)``); it carries
+            the last state that passed a check and its history, and names the step and, when a replay finds
+            it, the function that first returned NaN or inf.
+        CheckpointWriteError: Training finished but a checkpoint could not be written; it carries the results.
+
+    On KeyboardInterrupt the last completed step is returned with ``history.interrupted`` True (and written
+    by a ``Checkpointing`` hook).
+    """
+    return execute(setup(problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, save=save,
+                         checks=checks, compile=compile, hooks=hooks))
+
+
+def execute(loop: Loop) -> Run:
+    """Step ``loop`` to its end, then the hooks' ``end``: the ``Run`` (on Ctrl-C, the last whole step's, with
+    ``history.interrupted`` True)."""
+    interrupted = False
+    try:
+        loop.advance_to(loop.end)
+    except KeyboardInterrupt:
+        interrupted = True
+        loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
+        loop.record_now()
+    previous = loop.previous
+    if loop.carry.n == loop.start and previous is not None:
+        result = Run(loop.carry.state, previous._replace(interrupted=torch.tensor(interrupted)))
+    else:
+        result = Run(loop.carry.state, loop.history(interrupted=interrupted))
+    for hook in loop.hooks:
+        hook.end(loop, interrupted)
+    return result
+
+
+__all__ = ["Run", "run", "setup", "execute"]

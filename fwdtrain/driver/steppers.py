@@ -1,0 +1,225 @@
+"""How the loop's steps are computed: the one place where a run chooses eager or compiled steps.
+
+A stepper takes ``count`` steps from a noise block, ``steps(carry, block, start, count) -> carry``,
+where ``Carry(state, n, total, info)`` is what the loop carries (``total``: the float64 sum of the
+per-step costs since the start of training, ``info``: the last step's ``StepInfo``):
+
+- ``Eager``: one ``Trainable.advance`` per step, alpha(t_n) from the schedule at each step.
+- ``Compiled``: every run of steps between two events in one call of a compiled loop
+  (``fwdtrain.compile.kernels.loop_kernel``), with the block's learning rates computed beforehand.
+- ``Split``: for a gradient hook (an all-reduce across processes), the two halves of each step
+  compiled (``Trainable.propagate`` and ``Trainable.update``) with the hook run eagerly between them.
+- ``Auto``: ``compile="auto"``: eager first, timed, then compiled where ``compile.policy.decide``
+  projects that compiling pays (the decision is taken once, after a few eager steps).
+
+Every stepper computes what the eager one does, to rounding.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from .. import _compat
+from ..compile import policy
+from ..compile.kernels import FunctionKernel, LoopKernel, function_kernel, loop_kernel
+from ..compile.options import Compile
+from ..core._tree import tree_map
+from ..core.kernel import GradientReduce, StepInfo
+from ..core.state import State
+from ..problems.trainable import Schedule, Trainable
+
+
+class Carry(NamedTuple):
+    """What the loop carries from step to step (assigned in one statement, so Ctrl-C never splits it).
+
+    state: the training state at step n; n: the step count since the start of training;
+    total: float64 sum of the per-step costs since the start of training; info: the last step's StepInfo.
+    """
+
+    state: State
+    n: int
+    total: torch.Tensor
+    info: StepInfo | None
+
+
+class Stepping(NamedTuple):
+    """What every stepper needs: the problem, dt, the plan, the schedule and the gradient hook (or None)."""
+
+    problem: Trainable
+    dt: float
+    plan: Any
+    schedule: Schedule
+    reduce: GradientReduce | None
+
+
+Setter = Callable[[Carry], None]  # the loop's ``carry`` assignment, called after every eager step
+
+
+class Eager:
+    """One eager ``advance`` per step; the loop's carry is set after every step (Ctrl-C keeps whole steps)."""
+
+    route = "eager"
+
+    def __init__(self, stepping: Stepping) -> None:
+        self.s = stepping
+
+    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+        s = self.s
+        for i in range(start, start + count):
+            new, info = s.problem.advance(carry.state, block[i], s.dt, s.schedule(carry.state.t), s.plan, s.reduce)
+            carry = Carry(new, carry.n + 1, carry.total + info.cost, info)
+            set_carry(carry)
+        return carry
+
+
+def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
+    """alpha(t_k) for the steps start .. start + count - 1 of a block of ``length`` (zeros elsewhere), with
+    t_k = t + dt + ... + dt accumulated as the step accumulates it (float64): (length, *t.shape)."""
+    clocks = [t]
+    for _ in range(count - 1):
+        clocks.append(clocks[-1] + dt)
+    times = torch.stack(clocks)
+    try:
+        alphas = torch.as_tensor(schedule(times))
+        alphas = alphas.broadcast_to(times.shape) if alphas.shape != times.shape else alphas
+    except (RuntimeError, TypeError, ValueError):  # a schedule that takes one clock at a time
+        alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in clocks])
+    out = torch.zeros((length, *t.shape), dtype=alphas.dtype, device=t.device)
+    out[start:start + count] = alphas
+    return out
+
+
+class Compiled:
+    """Every run of steps between two events in one call of the compiled loop of ``advance``."""
+
+    def __init__(self, stepping: Stepping, kernel: LoopKernel) -> None:
+        self.s, self.kernel = stepping, kernel
+
+    @property
+    def route(self) -> str:
+        return self.kernel.route
+
+    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+        alphas = block_rates(self.s.schedule, carry.state.t, self.s.dt, start, count, block.shape[0])
+        info = carry.info if carry.info is not None else _zero_info(self.s, carry.state, block[start], alphas[start])
+        state, total, info = self.kernel(count, start, (block, alphas), (carry.state, carry.total, info))
+        carry = Carry(state, carry.n + count, total, info)
+        set_carry(carry)
+        return carry
+
+
+class Split:
+    """The two halves of each step compiled, the gradient hook eagerly between them."""
+
+    def __init__(self, stepping: Stepping, propagate: FunctionKernel, update: FunctionKernel) -> None:
+        self.s, self.propagate, self.update = stepping, propagate, update
+        self.route = propagate.package is not None and "aot" or "dynamo"
+
+    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+        s = self.s
+        for i in range(start, start + count):
+            alpha = torch.as_tensor(s.schedule(carry.state.t))
+            moved, info = self.propagate(carry.state, block[i])
+            gradient = s.reduce(info.gradient) if s.reduce is not None else info.gradient
+            info = StepInfo(info.cost, gradient)
+            carry = Carry(self.update(moved, gradient, alpha), carry.n + 1, carry.total + info.cost, info)
+            set_carry(carry)
+        return carry
+
+
+def _zero_info(s: Stepping, state: State, dw: torch.Tensor, alpha: torch.Tensor) -> StepInfo:
+    """A StepInfo of zeros shaped like the step's (the compiled loop's carry before its first step)."""
+    _, info = _compat.shapes_of(lambda st, d, a: s.problem.advance(st, d, s.dt, a, s.plan), state, dw, alpha)
+    return info
+
+
+def _template(s: Stepping, state: State, block: torch.Tensor) -> tuple[Any, Any]:
+    """(carry, inputs) examples for the compiled loop: the state, a float64 total, a zero StepInfo; a block and
+    its rates."""
+    t = state.t
+    alphas = torch.as_tensor(s.schedule(t)).broadcast_to(t.shape).expand((block.shape[0], *t.shape)).clone()
+    info = _zero_info(s, state, block[0], alphas[0])
+    total = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
+    return (state, total, info), (block, alphas)
+
+
+def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Compile) -> Compiled | Split:
+    """The compiled stepper for this problem, state and block shape (kernels reused from this process's cache)."""
+    s = stepping
+    key = (s.problem, s.plan, s.dt)
+    if s.reduce is not None:
+        alpha = torch.as_tensor(s.schedule(state.t))
+        moved, info = _compat.shapes_of(lambda st, d: s.problem.propagate(st, d, s.dt, s.plan), state, block[0])
+        propagate = function_kernel(lambda st, d: s.problem.propagate(st, d, s.dt, s.plan), (state, block[0]),
+                                    key=(*key, "propagate"), options=options, what="the step's first half")
+        update = function_kernel(lambda m, g, a: s.problem.update(m, g, a, s.dt), (moved, info.gradient, alpha),
+                                 key=(*key, "update"), options=options, what="the parameter update")
+        return Split(s, propagate, update)
+
+    def step(carry: tuple[State, torch.Tensor, StepInfo], inputs: tuple[torch.Tensor, torch.Tensor]
+             ) -> tuple[State, torch.Tensor, StepInfo]:
+        current, total, _ = carry
+        dw, alpha = inputs
+        new, info = s.problem.advance(current, dw, s.dt, alpha, s.plan)
+        return new, total + info.cost, info
+
+    carry, inputs = _template(s, state, block)
+    kernel = loop_kernel(step, carry, inputs, key=(*key, "loop"), options=options, what="the step")
+    return Compiled(s, kernel)
+
+
+class Auto:
+    """``compile="auto"``: eager for a warm-up step and ``policy.EAGER_PROBE_STEPS`` timed steps, then compiled
+    when ``policy.decide`` projects that it pays for the steps left (a kernel on disk counts as nearly free)."""
+
+    def __init__(self, stepping: Stepping, options: Compile, end: int) -> None:
+        self.s, self.options, self.end = stepping, options, end
+        self.eager = Eager(stepping)
+        self.chosen: Eager | Compiled | Split | None = None
+        self.timed: list[float] = []
+        self.decision: policy.Decision | None = None
+
+    @property
+    def route(self) -> str:
+        return "eager" if self.chosen is None else self.chosen.route
+
+    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+        while count > 0 and self.chosen is None:
+            clock = time.perf_counter()
+            carry = self.eager.steps(carry, block, start, 1, set_carry)
+            self.timed.append(time.perf_counter() - clock)
+            start, count = start + 1, count - 1
+            if len(self.timed) > policy.EAGER_PROBE_STEPS:
+                self.chosen = self._choose(carry, block)
+        if count == 0:
+            return carry
+        assert self.chosen is not None
+        return self.chosen.steps(carry, block, start, count, set_carry)
+
+    def _choose(self, carry: Carry, block: torch.Tensor) -> Eager | Compiled | Split:
+        eager_step = min(self.timed[1:])  # the first step pays one-time costs (imports, caches)
+        remaining = self.end - carry.n
+        if not policy.worth_tracing(eager_step, remaining):
+            return self.eager
+        chosen = compiled(self.s, carry.state, block, self.options._replace(enabled=True))
+        kernel = chosen.kernel if isinstance(chosen, Compiled) else None
+        warm = kernel.warm if kernel is not None else False
+        nodes = kernel.nodes if kernel is not None else 0
+        self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1))
+        return chosen if self.decision.compile else self.eager
+
+
+def stepper(stepping: Stepping, state: State, block: torch.Tensor, options: Compile, end: int
+            ) -> Eager | Compiled | Split | Auto:
+    """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto")."""
+    if options.enabled is False:
+        return Eager(stepping)
+    if options.enabled == "auto":
+        return Auto(stepping, options, end)
+    return compiled(stepping, state, block, options)
+
+
+__all__ = ["Carry", "Stepping", "Eager", "Compiled", "Split", "Auto", "stepper", "block_rates", "compiled"]

@@ -1,0 +1,201 @@
+"""The cost form: an ``SDE`` trained on its own running cost, and the public, checked step.
+
+    X_{n+1}, Xtilde_{n+1} = the solver's step and its exact sensitivity (``fwdtrain.core.solvers``)
+    theta_{n+1}           = theta_n - alpha(t_n) h mean_i D c(X_n^i)        (or a ``fwdtrain.optim`` rule)
+    t_{n+1}               = t_n + h
+
+``CostForm(sde, solver, optimizer)`` is the ``Trainable`` that ``run`` makes of an SDE.
+``step`` and ``step_with_info`` validate their inputs, resolve the derivative mode and take one
+step (eager, or compiled with ``compile=True``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.func import vmap
+
+from ..compile.kernels import function_kernel
+from ..compile.options import Compile
+from ..core import _checks
+from ..core._tree import leaves
+from ..core.kernel import LearningRate, StepInfo, learning_rate, propagate
+from ..core.problem import SDE
+from ..core.sensitivity import Mode, Plan
+from ..core.solvers import Euler, Solver, as_solver
+from ..core.state import State, evaluate_once, noise_dim
+from ..optim import GradientTransformation, check_average, check_opt_state
+from .trainable import Trainable
+
+
+def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any,
+                      optimizer: GradientTransformation | None = None) -> None:
+    """Raise a clear error for anything ``step`` cannot use (an opt_state that is not ``optimizer``'s included)."""
+    if not isinstance(sde, SDE):
+        raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
+    if not isinstance(state, State):
+        raise TypeError(f"step(..., state, ...) expects a fwdtrain.State (from fwdtrain.init), "
+                        f"got {type(state).__name__}")
+    _checks.check_dt(dt)
+    _checks.check_lr(lr)
+    theta0 = leaves(state.theta)[0]
+    if not isinstance(dw, torch.Tensor):
+        raise TypeError(f"dw must be a torch.Tensor of Brownian increments, got {type(dw).__name__}")
+    if dw.ndim != 2 or dw.shape[0] != state.particles:
+        raise ValueError(f"dw must have shape (particles, m) = ({state.particles}, m), got {tuple(dw.shape)}")
+    if dw.dtype != theta0.dtype or dw.device != theta0.device:
+        raise TypeError(f"dw is {dw.dtype} on {dw.device} but the state is {theta0.dtype} on {theta0.device}")
+    if any(leaf.requires_grad for leaf in leaves((state, dw)) if _checks.is_concrete(leaf)):
+        raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies "
+                         "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)")
+    _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
+    check_training_state(state, optimizer)
+
+
+def explain_failure(sde: SDE, state: State, error: Exception) -> None:
+    """Re-raise a step's ``error`` with what is wrong when the SDE does not fit the state (a state made for
+    another SDE: a shape, dtype or device mismatch found at one particle); else leave it to propagate.
+    Called on the error path only, so the step pays nothing for it."""
+    if isinstance(error, (RuntimeError, ValueError, IndexError, TypeError)) and _checks.is_concrete(state.x):
+        evaluate_once(sde, state.theta, state.x[0], name="state.x[0]")
+
+
+def check_training_state(state: State, optimizer: GradientTransformation | None) -> None:
+    """Raise unless state.opt_state is ``optimizer``'s and state.average is ``()`` or an ``Average`` of theta."""
+    check_opt_state(optimizer, state.opt_state, state.theta)
+    check_average(state.average, state.theta)
+
+
+_VERIFIED: "weakref.WeakKeyDictionary[SDE, set[Solver]]" = weakref.WeakKeyDictionary()
+
+
+def check_solver(solver: Solver, sde: SDE, theta: Any, x: torch.Tensor) -> None:
+    """``solver.check`` at one particle, once per (sde, solver) on concrete values (a value check with a
+    derivative: ``step`` would otherwise pay it every call); the structure check every call."""
+    solver.check_shape(sde.diffusion(theta, x), sde.noise_type)
+    if not (_checks.is_concrete(x) and all(_checks.is_concrete(leaf) for leaf in leaves(theta))):
+        return
+    done = _VERIFIED.setdefault(sde, set())
+    if solver not in done:
+        solver.check(sde, theta, x)
+        done.add(solver)
+
+
+@dataclass(frozen=True)
+class CostForm(Trainable):
+    """An ``SDE`` trained on its stationary cost, stepped by ``solver`` (default ``Euler()``) and updated by
+    ``optimizer`` (a ``fwdtrain.optim`` rule; None: theta <- theta - alpha h G)."""
+
+    sde: SDE
+    solver: Solver = Euler()
+    optimizer: GradientTransformation | None = None
+
+    def check(self, state: State, dt: Any, lr: Any) -> None:
+        if not isinstance(state, State):
+            raise TypeError(f"expected a fwdtrain.State (from fwdtrain.init), got {type(state).__name__}")
+        evaluate_once(self.sde, state.theta, state.x[0], name="state.x[0]")
+        m = noise_dim(self.sde, state.theta, state.x)
+        dw = torch.zeros((state.particles, max(m, 1)), dtype=state.x.dtype, device=state.x.device)
+        check_step_inputs(self.sde, state, dw, dt, lr, self.optimizer)
+        check_solver(self.solver, self.sde, state.theta, state.x[0])
+
+    def plan(self, state: State, mode: str = "auto") -> Plan:
+        """Mode and route, decided at the first particle; ``mode`` "auto" defers to the solver's ``mode``."""
+        mode = self.solver.mode if mode == "auto" else mode
+        return self.sde.plan_at(state.theta, state.x[0], mode, names=self.solver.names)
+
+    def noise_shape(self, state: State) -> tuple[int, ...]:
+        return (state.particles, noise_dim(self.sde, state.theta, state.x))
+
+    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Any) -> tuple[State, StepInfo]:
+        return propagate(self.sde, state, dw, dt, plan, self.solver)
+
+    def nonfinite(self, state: State) -> str | None:
+        return nonfinite_part(self.sde.parts(), state)
+
+
+def nonfinite_part(parts: Any, state: State) -> str | None:
+    """The first of the named functions (theta, x) -> tensor that is NaN or inf at one of the state's particles."""
+    for name, function in parts:
+        values = vmap(lambda x: function(state.theta, x))(state.x)
+        if not bool(torch.isfinite(values).all()):
+            return name
+    return None
+
+
+def as_trainable(problem: Any, solver: Solver | str | None = None,
+                 optimizer: GradientTransformation | None = None) -> Trainable:
+    """``problem`` as a ``Trainable`` with ``solver`` and ``optimizer`` bound: an ``SDE`` (or ``ControlledSDE``)
+    becomes ``CostForm(sde)``; a ``Trainable`` is configured (``Trainable.configure``)."""
+    if isinstance(problem, SDE):
+        problem = CostForm(problem)
+    if not isinstance(problem, Trainable):
+        raise TypeError(f"expected a problem to train: a fwdtrain.SDE or ControlledSDE, a calibration.Calibration, "
+                        f"an sgdct.DriftEstimation, an ensemble.Ensemble or another fwdtrain.problems.Trainable; "
+                        f"got {type(problem).__name__}")
+    return problem.configure(solver, optimizer)
+
+
+def step_with_info(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None, mode: Mode = "auto", compile: bool = False,
+) -> tuple[State, StepInfo]:
+    """``step`` that also returns ``StepInfo(cost, gradient)``: the particle-mean cost and G_n at time n."""
+    problem = CostForm(sde, as_solver(solver), optimizer)
+    check_step_inputs(sde, state, dw, dt, lr, optimizer)
+    alpha = learning_rate(lr, state.t)
+    _checks.check_alpha(alpha, state.t, lr)
+    try:
+        check_solver(problem.solver, sde, state.theta, state.x[0])
+        plan = problem.plan(state, mode)
+        if not compile:
+            return problem.advance(state, dw, dt, alpha, plan)
+    except Exception as error:
+        explain_failure(sde, state, error)
+        raise
+    alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
+    kernel = function_kernel(lambda s, d, a: problem.advance(s, d, dt, a, plan), (state, dw, alpha),
+                             key=(problem, plan, float(dt), "advance"), options=Compile(True), what="the step")
+    return kernel(state, dw, alpha)
+
+
+def step(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None, mode: Mode = "auto", compile: bool = False,
+) -> State:
+    """One pure step of the forward-propagation algorithm: (X, Xtilde, theta, t) at n -> n + 1.
+
+    Args:
+        sde: The problem (``SDE`` or ``ControlledSDE``).
+        state: The current ``State``; never modified.
+        dw: Brownian increments W_{n+1} - W_n, shape (N, m), variance dt each.
+        dt: The step h > 0.
+        lr: The learning rate alpha: a number, a 0-d tensor or a schedule t -> alpha(t); alpha(t_n)
+            must be one finite number >= 0.
+        solver: ``fwdtrain.Euler()`` (default), ``Heun()`` or ``Milstein()`` (or their names).
+        optimizer: The ``fwdtrain.optim`` rule whose state is ``state.opt_state`` (from
+            ``init(..., optimizer=...)``); None: theta_{n+1} = theta_n - alpha h G_n.
+        mode: "reverse" (vjp), "forward" (jacfwd) or "auto" (the one with fewer passes).
+        compile: Take the step through a compiled kernel (the first call per problem and shapes traces and
+            compiles it, or loads it from disk; later calls reuse it). Inside the user's transform the
+            step runs eagerly.
+
+    Returns:
+        The new ``State``; no tensor in it requires grad or has a grad_fn.
+
+    Raises:
+        TypeError, ValueError: For inputs the step cannot use (shapes, dtypes, a state of another SDE or
+            rule, non-finite or negative learning rates, a noise the solver does not take), before any
+            computation.
+
+    ``step`` is pure and composes with ``torch.func`` (grad, jacrev, jacfwd, vjp, jvp, vmap) in all its
+    tensor inputs. Structure checks always run; value checks only on concrete tensors.
+    """
+    return step_with_info(sde, state, dw, dt, lr, solver=solver, optimizer=optimizer, mode=mode, compile=compile)[0]
+
+
+__all__ = ["CostForm", "as_trainable", "step", "step_with_info", "check_step_inputs", "check_training_state",
+           "check_solver", "explain_failure", "nonfinite_part"]

@@ -1,0 +1,152 @@
+"""What ``run`` trains: the ``Trainable`` base class, with every method the loop calls.
+
+Every kind of online training in fwdtrain is a pure step of a ``State`` driven by one "noise"
+increment per step:
+
+    moved_n, info_n = propagate(state_n, dw_n, dt, plan)        X, Xtilde to n + 1; info = (cost_n, G_n)
+    state_{n+1}     = update(moved_n, G_n, alpha(t_n), dt)     theta, opt_state, t, average to n + 1
+
+  the cost form (``CostForm(sde)``)   dw_n Brownian increments (N, m); cost = mean_i c
+  ``calibration.Calibration``         dw_n Brownian increments (N, m); cost = the two-group J estimate
+  ``sgdct.DriftEstimation``           dw_n the observed increment dX_n; state.x the observation X_n
+  ``ensemble.Ensemble``               E members of any of these, one vmapped step
+
+A subclass implements ``check``, ``plan``, ``noise_shape`` and ``propagate``; the base class gives
+the update (the bound ``optimizer``), ``advance`` (both halves, with an optional gradient hook in
+between, e.g. an all-reduce across processes), the record (theta), the learning rate, the noise
+source, and the hooks of a problem made of E independent members (``within``, ``freeze``,
+``gradient_norm``), whose defaults describe a single run. The loop (``fwdtrain.driver``) calls
+only these methods; it never asks which problem it trains.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Hashable
+
+import torch
+
+from ..core import _checks
+from ..core._tree import leaves, squared_norm
+from ..core.kernel import GradientReduce, LearningRate, StepInfo, update_parameters
+from ..core.noise import BrownianNoise, Noise, NoiseLike, as_noise
+from ..core.solvers import Solver, as_solver
+from ..core.state import State
+from ..optim import GradientTransformation
+
+Schedule = Callable[[torch.Tensor], Any]
+
+
+class Trainable(abc.ABC):
+    """The interface of a problem ``run`` can train; every method is pure.
+
+    Subclasses are frozen dataclasses (hashable: a run's compiled kernels are kept per problem) with
+    the fields ``optimizer`` (a ``fwdtrain.optim`` rule or None) and, where a scheme applies,
+    ``solver``.
+    """
+
+    optimizer: GradientTransformation | None = None
+
+    # ---- what a problem must say ----
+    @abc.abstractmethod
+    def check(self, state: State, dt: Any, lr: Any) -> None:
+        """Raise a clear error for a state, step or learning rate this problem cannot use."""
+
+    @abc.abstractmethod
+    def plan(self, state: State, mode: str = "auto") -> Hashable:
+        """What is decided once per run (e.g. the derivative mode and route), from ``mode`` ("auto" included)."""
+
+    @abc.abstractmethod
+    def noise_shape(self, state: State) -> tuple[int, ...]:
+        """The shape of one step's increment dw_n."""
+
+    @abc.abstractmethod
+    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
+        """The state with x (and x_tilde) at n + 1 (theta, t untouched) and StepInfo(cost_n, G_n)."""
+
+    # ---- what the base class gives ----
+    def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
+        """theta, opt_state, t and average at n + 1 from G_n (``core.kernel.update_parameters``, the bound rule)."""
+        return update_parameters(moved, gradient, alpha, dt, self.optimizer)
+
+    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable,
+                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+        """One unchecked step: (state_{n+1}, StepInfo(cost_n, G_n)); ``reduce`` maps G_n before the update."""
+        moved, info = self.propagate(state, dw, dt, plan)
+        gradient = info.gradient if reduce is None else reduce(info.gradient)
+        return self.update(moved, gradient, alpha, dt), StepInfo(info.cost, gradient)
+
+    def record(self, state: State) -> Any:
+        """What the history stores at a record: theta."""
+        return state.theta
+
+    def configure(self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
+                  ) -> "Trainable":
+        """This problem with ``solver`` and ``optimizer`` bound (None keeps the problem's own)."""
+        changes: dict[str, Any] = {}
+        if optimizer is not None:
+            if not isinstance(optimizer, GradientTransformation):
+                raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. "
+                                f"fwdtrain.optim.adam()) or None, got {type(optimizer).__name__}")
+            changes["optimizer"] = optimizer
+        if solver is not None:
+            solver = as_solver(solver)
+            if "solver" not in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
+                if solver != as_solver(None):
+                    raise ValueError(f"{type(self).__name__} takes no solver: it does not integrate an SDE; "
+                                     f"leave solver=None")
+            else:
+                changes["solver"] = solver
+        return dataclasses.replace(self, **changes) if changes else self  # type: ignore[type-var]
+
+    def schedule(self, lr: LearningRate, state: State) -> Schedule:
+        """alpha as a function of the clock t (a number becomes a constant 0-d tensor of x's dtype)."""
+        if callable(lr):
+            return lr
+        alpha = torch.as_tensor(lr, dtype=state.x.dtype, device=state.x.device).clone()
+        return lambda t: alpha
+
+    def noise_source(self, noise: NoiseLike | int, dt: Any, state: State, saved: dict | None) -> Noise:
+        """The increments: the user's source (a tensor or function is indexed by the step count), the saved
+        position of a continued run, or ``BrownianNoise(noise_shape, dt, seed=noise)`` for an int."""
+        dtype, device, shape = state.x.dtype, state.x.device, tuple(self.noise_shape(state))
+        if isinstance(noise, int) and not isinstance(noise, bool):
+            if saved is None:
+                return BrownianNoise(shape, float(dt), seed=noise, dtype=dtype, device=device)
+            if BrownianNoise.kind not in saved:
+                raise ValueError(f"the run being continued drew user-supplied noise ({', '.join(saved)}); pass the "
+                                 f"same noise= again to continue it")
+            return BrownianNoise.from_state_dict(saved, dtype, device)
+        source = as_noise(noise)
+        if isinstance(source, BrownianNoise):
+            source = source.copy()
+            if source.shape != shape or source.dtype != dtype or source.device != device or source.dt != float(dt):
+                raise ValueError(f"the noise source {source!r} does not fit the run: expected shape {shape}, "
+                                 f"dt={float(dt)}, dtype={dtype} on {device}")
+            return source
+        assert source is not None
+        return source.copy().expect(shape, dtype, device)
+
+    # ---- a problem made of independent members (an ensemble) overrides these ----
+    def within(self, state: State, bound: float | None) -> torch.Tensor:
+        """0-d bool: x, x_tilde and theta all finite (and |.| <= bound when given); one reduction."""
+        peaks = [leaf.detach().abs().amax() for leaf in leaves((state.x, state.x_tilde, state.theta)) if leaf.numel()]
+        peak = torch.stack(peaks).amax()
+        return torch.isfinite(peak) if bound is None else peak <= bound  # NaN compares False
+
+    def freeze(self, good: State, new: State, running: torch.Tensor) -> State:
+        """``new`` for running members and ``good`` for the others; a single run has no members to freeze."""
+        return new
+
+    def gradient_norm(self, gradient: Any) -> torch.Tensor:
+        """|G| over every leaf (per member for an ensemble)."""
+        return squared_norm(gradient).sqrt()
+
+    def nonfinite(self, state: State) -> str | None:
+        """The name of the problem's first function that is NaN or inf at the state's particles ("drift", ...),
+        or None (also when the problem cannot tell). Used on the error path only, to name a divergence."""
+        return None
+
+
+__all__ = ["Trainable", "Schedule"]
