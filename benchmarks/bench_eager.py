@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 import fwdtrain as ft
-from fwdtrain.stepping import check_step_inputs
+from fwdtrain.problems.cost import check_step_inputs
 
 from . import seed_loop
 

@@ -48,10 +48,10 @@ def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, ba
     sde, dt, lr = examples[0].sde, examples[0].dt, examples[0].lr
     states = [ft.init(sde, ex.theta, ex.x0, particles) for ex in examples]
     stacked = ensemble.stack(states)
-    m = ft.noise_dim(sde, states[0].theta, states[0].x)
+    m = ft.core.state.noise_dim(sde, states[0].theta, states[0].x)
 
     def noise(e: int) -> ft.BrownianNoise:
-        return ft.BrownianNoise((particles, m), dt, seed=e)
+        return ft.noise.BrownianNoise((particles, m), dt, seed=e)
 
     single = ft.compile_steps(sde, dt, lr, "reverse", fuse, backend=backend)
     batched = ft.compile_steps(ensemble.Ensemble(sde, members), dt, ensemble.rates(lr, members), "reverse", fuse,
@@ -69,8 +69,8 @@ def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, ba
             [noise(e) for e in range(members)]), steps, fuse))
         times["ensemble"].append(seconds)
     alone = _advance(single, states[-1], noise(members - 1), steps, fuse)
-    agree = max(float((a - b).abs().max()) for a, b in zip(ft._tree.leaves(ensemble.member(final, members - 1)),
-                                                             ft._tree.leaves(alone)))
+    agree = max(float((a - b).abs().max()) for a, b in zip(ft.core._tree.leaves(ensemble.member(final, members - 1)),
+                                                             ft.core._tree.leaves(alone)))
     runs = {"single": 1, "sequential": members, "ensemble": members}
     median = {name: statistics.median(values) for name, values in times.items()}
     sequential_rate = members * steps / median["sequential"]

@@ -24,7 +24,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain.compiled import compile_advance, compile_steps
-from fwdtrain.euler import advance, resolve_step_mode
+from fwdtrain.core.kernel import advance, resolve_step_mode
 
 from . import problems
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     sde, dt = problem.sde, problem.dt
     lr = ft.schedules.staged(problem.lr)
     state = ft.init(sde, problem.theta, problem.x0, args.particles)
-    m = ft.noise_dim(sde, state.theta, state.x)
+    m = ft.core.state.noise_dim(sde, state.theta, state.x)
     mode = resolve_step_mode("auto", state, m)
     generator = torch.Generator().manual_seed(0)
 

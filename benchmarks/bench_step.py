@@ -30,7 +30,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain.compiled import compile_advance, compile_steps
-from fwdtrain.euler import advance, resolve_step_mode
+from fwdtrain.core.kernel import advance, resolve_step_mode
 
 from . import problems, roofline, seed_loop
 from .torch_scan import compile_scan
@@ -63,7 +63,7 @@ def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, 
     sde, dt = problem.sde, problem.dt
     lr = ft.schedules.constant(problem.lr)
     state0 = ft.init(sde, problem.theta, problem.x0, particles)
-    m = ft.noise_dim(sde, state0.theta, state0.x)
+    m = ft.core.state.noise_dim(sde, state0.theta, state0.x)
     mode = resolve_step_mode("auto", state0, m)
     generator = torch.Generator().manual_seed(0)
 

@@ -23,9 +23,9 @@ import torch
 from torch.func import jacfwd, jacrev, vmap
 
 import fwdtrain as ft
-from fwdtrain._tree import tree_map
-from fwdtrain.problem import Coefficients
-from fwdtrain.sensitivity import linearise
+from fwdtrain.core._tree import tree_map
+from fwdtrain.core.problem import Coefficients
+from fwdtrain.core.sensitivity import linearise
 
 from . import problems
 
@@ -35,7 +35,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def _composed(coefficients, theta, x, x_tilde, jacobian):
     def along_sensitivity(theta_prime):
         shift = tree_map(torch.sub, theta_prime, theta)
-        out = Coefficients(*coefficients(theta_prime, x + ft._tree.contract(x_tilde, shift)))
+        out = Coefficients(*coefficients(theta_prime, x + ft.core._tree.contract(x_tilde, shift)))
         return out, out
 
     return jacobian(along_sensitivity, has_aux=True)(theta)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
         x_tilde = tree_map(lambda leaf: 0.1 * torch.randn(particles, x.shape[1], *leaf.shape, generator=gen),
                            problem.theta)
         strategies = dict(STRATEGIES)
-        if ft._tree.size(problem.theta) > 200:  # p forward passes: what mode="auto" avoids (50 s per call at 10-D)
+        if ft.core._tree.size(problem.theta) > 200:  # p forward passes: what mode="auto" avoids (50 s per call at 10-D)
             strategies.pop("composed-jacfwd")
         calls = {k: (lambda fn=fn: vmap(lambda xi, xti: fn(problem.sde.coefficients, problem.theta, xi, xti))(
             x, x_tilde)) for k, fn in strategies.items()}

@@ -48,7 +48,7 @@ def _rank_job(particles: int, steps: int, every: int, threads: int) -> tuple[flo
     final, _ = D.distributed_run(ex.sde, warm, steps, ex.dt, ex.lr, seed=2, every=every,
                                  check_every=max(1, steps // 10), record_every=max(1, steps // 10))
     seconds = time.perf_counter() - started
-    return seconds, _all_reduce_seconds(sum(leaf.numel() for leaf in ft._tree.leaves(ex.theta)) + 1)
+    return seconds, _all_reduce_seconds(sum(leaf.numel() for leaf in ft.core._tree.leaves(ex.theta)) + 1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fwdtrain as ft
-from fwdtrain.euler import advance, resolve_step_mode
+from fwdtrain.core.kernel import advance, resolve_step_mode
 
 from .problems import Problem
 
@@ -33,14 +33,14 @@ class Peaks(NamedTuple):
 def per_particle_step(problem: Problem, particles: int) -> tuple[float, float]:
     """(matmul flops, compulsory bytes) per particle-step for ``problem`` with N = ``particles``."""
     state = ft.init(problem.sde, problem.theta, problem.x0, particles)
-    m = ft.noise_dim(problem.sde, state.theta, state.x)
+    m = ft.core.state.noise_dim(problem.sde, state.theta, state.x)
     mode = resolve_step_mode("auto", state, m)
     dw = torch.zeros(particles, m, dtype=state.x.dtype)
     counter = FlopCounterMode(display=False)
     with counter:
         advance(problem.sde, state, dw, problem.dt, 0.1, mode)
     d = state.dim
-    p = ft._tree.size(state.theta)
+    p = ft.core._tree.size(state.theta)
     itemsize = state.x.element_size()
     return counter.get_total_flops() / particles, float((2 * (d + d * p) + m) * itemsize)
 

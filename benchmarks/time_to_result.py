@@ -34,7 +34,7 @@ def _fwdtrain_child(particles: int, steps: int, compile: bool, fuse: int) -> dic
     ex = ft.examples.lqr_1d(particles=particles)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
     start = time.perf_counter()
-    state, history = ft.run(ex.sde, state, steps, ex.dt, ex.lr, seed=0, progress=False, compile=compile, fuse=fuse)
+    state, history = ft.run(ex.sde, state, steps, ex.dt, ex.lr, compile=compile, noise=0)
     seconds = time.perf_counter() - start
     cache = {}
     if "torch._dynamo" in sys.modules:  # did the kernels come from the on-disk cache?

@@ -98,7 +98,7 @@ def run_case(case: Case, quick: bool) -> list[dict]:
     state = ft.init(example.sde, example.theta, example.x0, example.particles)
     start = time.perf_counter()
     if example.train is None:
-        state, _ = ft.run(example.sde, state, example.steps, example.dt, example.lr, seed=0)
+        state, _ = ft.run(example.sde, state, example.steps, example.dt, example.lr, noise=0)
     else:
         state, _ = example.train(state, example.steps, seed=0)
     wall = time.perf_counter() - start
@@ -196,8 +196,7 @@ def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER
         rule = None if name == "sgd" else optim.optimizer(name)
         state = ft.init(example.sde, example.theta, example.x0, example.particles, optimizer=rule)
         start = time.perf_counter()
-        state, history = ft.run(example.sde, state, example.steps, example.dt, example.lr, seed=0,
-                                record_every=10 if quick else record_every, optimizer=rule, progress=False)
+        state, history = ft.run(example.sde, state, example.steps, example.dt, example.lr, optimizer=rule, noise=0, save=ft.SaveAt(10 if quick else record_every))
         wall = time.perf_counter() - start
         errors = [_linearised_cost_error(example, problem, best, {k: v[i] for k, v in history.theta.items()})
                   for i in range(len(history.step))]

@@ -25,7 +25,7 @@ from .core.state import State, init
 from .problems.cost import step, step_with_info
 
 # Running: the loop and its options and hooks
-from .driver.run import run
+from .driver.runner import run
 from .driver.options import SaveAt, Checks
 from .compile.options import Compile
 from .driver.hooks import Progress, Checkpointing
@@ -39,7 +39,7 @@ from .driver.evaluate import stationary_cost
 from .core.errors import DivergenceError, CheckpointError
 
 # Submodules: schedules, update rules, other kinds of problems, processes, built-in problems
-from .core import schedules
+from .core import schedules, noise, errors  # noqa: F401  (noise, errors: public paths, not in __all__)
 from . import optim
 from .problems import calibration, sgdct, ensemble
 from . import distributed, examples

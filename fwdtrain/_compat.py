@@ -145,21 +145,5 @@ def aot_load(path: str, device: torch.device) -> Callable[[list[torch.Tensor]], 
 
 
 
-def shapes_of(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` evaluated on fake tensors: its outputs' shapes, dtypes and devices, nothing computed.
-    Returns zeros of those shapes (a template, e.g. for a compiled loop's carry)."""
-    import optree
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = optree.tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args)
-        out = fn(*fake)
-        specs = optree.tree_map(lambda t: (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else t,
-                                out)
-    return optree.tree_map(lambda spec: torch.zeros(spec[0], dtype=spec[1], device=spec[2]), specs,
-                           is_leaf=lambda node: isinstance(node, tuple) and len(node) == 3
-                           and isinstance(node[1], torch.dtype))
-
-
 __all__ = ["DYNAMO_TRACES_FORWARD_MODE", "tracing", "is_wrapped", "transform_of", "is_fake", "use_cache_folders",
-           "skip_known_probe", "record_probe", "aot_compile", "aot_load", "shapes_of"]
+           "skip_known_probe", "record_probe", "aot_compile", "aot_load"]

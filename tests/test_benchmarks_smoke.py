@@ -70,7 +70,7 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
 
     import fwdtrain as ft
     from benchmarks import jax_impl, problems
-    from fwdtrain.euler import advance
+    from fwdtrain.core.kernel import advance
 
     problem = problems.lqr(name)
     particles, d = 3, problem.x0.shape[0]
@@ -107,7 +107,7 @@ def test_jax_hand_computes_what_fwdtrain_computes():
 
     import fwdtrain as ft
     from benchmarks import jax_hand, problems
-    from fwdtrain.euler import advance
+    from fwdtrain.core.kernel import advance
 
     problem = problems.lqr("lqr-1d")
     particles = 3

@@ -8,7 +8,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import calibration as cal
-from fwdtrain._tree import leaves, tree_map
+from fwdtrain.core._tree import leaves, tree_map
 from fwdtrain.examples.calibration import double_well_calibration, double_well_moments, ou_calibration
 
 KAPPA = 1.0
@@ -38,7 +38,7 @@ def test_gradient_matches_closed_form():
     problem = _ou()
     theta = {"mean": torch.tensor(0.5, dtype=torch.float64), "scale": torch.tensor(0.8, dtype=torch.float64)}
     state = cal.init(problem, theta, torch.full((128, 1), 0.5, dtype=torch.float64))
-    state, _ = cal.run(problem, state, 400, 0.01, 0.0, seed=1)  # burn in (OU and Xtilde mix at rate 1)
+    state, _ = ft.run(problem, state, 400, 0.01, 0.0, noise=1)  # burn in (OU and Xtilde mix at rate 1)
     generator = torch.Generator().manual_seed(2)
     totals, steps = {"mean": 0.0, "scale": 0.0}, 1200
     for _ in range(steps):
@@ -79,7 +79,7 @@ def test_ou_training_reaches_closed_form():
     within 10% of the closed-form mean = 1 and scale = 1 and 20% of the variance 0.5 (= 2 x the scale's
     relative error). The SGD noise at t = 30 is ~5% on the scale; benchmarks/validate.py runs to 2%."""
     ex = ou_calibration(particles=128, dtype=torch.float32)
-    state, history = ex.train(ft.init(ex.sde, ex.theta, ex.x0, ex.particles), 3000, seed=0)
+    state, history = ft.run(ex.trainable, ex.initial_state(), 3000, ex.dt, ex.lr, 0)
     learned = ex.evaluate(state.theta)
     assert set(learned) == set(ex.reference)
     for name, tolerance in (("mean", 0.1), ("scale", 0.1), ("variance", 0.2)):
@@ -128,7 +128,7 @@ def test_double_well_gradient_matches_quadrature():
                               targets=torch.tensor(targets, dtype=torch.float64))
     theta = {"a": torch.tensor(point[0], dtype=torch.float64), "b": torch.tensor(point[1], dtype=torch.float64)}
     state = cal.init(problem, theta, torch.zeros(1, dtype=torch.float64), 128)
-    state, _ = cal.run(problem, state, 300, 0.01, 0.0, seed=3)
+    state, _ = ft.run(problem, state, 300, 0.01, 0.0, noise=3)
     generator = torch.Generator().manual_seed(4)
     estimate = torch.zeros(2, dtype=torch.float64)
     steps = 1000
@@ -149,15 +149,15 @@ def test_trains_through_the_driver():
     theta = {"mean": torch.tensor(0.5, dtype=torch.float64), "scale": torch.tensor(0.8, dtype=torch.float64)}
     state = cal.init(problem, theta, torch.full((8, 1), 0.5, dtype=torch.float64))
     options = {"record_every": 30, "progress": False}
-    whole, history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, chunk=7, **options)
-    alias, _ = cal.run(problem, state, 90, 0.01, 0.1, seed=5, **options)
-    half, first = cal.run(problem, state, 60, 0.01, 0.1, seed=5, **options)
-    resumed, continued = cal.run(problem, half, 30, 0.01, 0.1, history=first, **options)
+    whole, history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, compile=ft.Compile("auto", chunk=7), **options)
+    alias, _ = ft.run(problem, state, 90, 0.01, 0.1, noise=5, **options)
+    half, first = ft.run(problem, state, 60, 0.01, 0.1, noise=5, **options)
+    resumed, continued = ft.run(problem, (half, first), 30, 0.01, 0.1, **options)
     for other in (alias, resumed):
         assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(other)))
     assert torch.equal(continued.cost, history.cost) and torch.equal(continued.step, history.step)
 
-    noise = ft.BrownianNoise((8, 1), 0.01, seed=5, dtype=torch.float64).draw(90)
+    noise = ft.noise.BrownianNoise((8, 1), 0.01, seed=5, dtype=torch.float64).draw(90)
     by_hand, objectives = state, []
     for dw in noise:
         by_hand, info = cal.step_with_info(problem, by_hand, dw, 0.01, 0.1)
@@ -165,17 +165,17 @@ def test_trains_through_the_driver():
     assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(by_hand)))
     assert history.cost.tolist() == pytest.approx([sum(objectives[i:i + 30]) / 30 for i in (0, 30, 60)], rel=1e-12)
 
-    frozen, _ = ft.run(problem, state, 20, 0.01, 0.1, reduce=lambda g: tree_map(torch.zeros_like, g), **options)
+    frozen, _ = ft.run(problem, state, 20, 0.01, 0.1, hooks=(ft.driver.GradientHook(lambda g: tree_map(torch.zeros_like, g)),), **options)
     assert all(torch.equal(frozen.theta[k], state.theta[k]) for k in theta)
     odd = ft.init(problem.sde, theta, torch.zeros(3, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="even number"):
         ft.run(problem, odd, 10, 0.01, 0.1)
     # 0.2: compile and fuse take a calibration too (dynamo-traced here, quick), equal to the eager run;
     # compiled without falling back (a fallback warns)
-    eager, eager_history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, mode="reverse", **options)
-    for compiled in ({"compile": "eager"}, {"compile": "eager", "fuse": 3}):
+    eager, eager_history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, solver=ft.Euler(mode="reverse"), **options)
+    for compiled in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=30)}):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            fast, fast_history = ft.run(problem, state, 90, 0.01, 0.1, seed=5, mode="reverse", **compiled, **options)
+            fast, fast_history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, solver=ft.Euler(mode="reverse"), **compiled, **options)
         for a, b in zip(leaves((eager, eager_history.cost)), leaves((fast, fast_history.cost))):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain import checkpoint
-from fwdtrain._tree import leaves, tree_map
+from fwdtrain.driver import checkpoint
+from fwdtrain.core._tree import leaves, tree_map
 
 DT = 0.01
 
@@ -13,7 +13,7 @@ DT = 0.01
 def trained(steps=30, record_every=20):
     ex = ft.examples.lqr_1d(particles=3, dtype=torch.float64, hidden=4)
     state = ft.init(ex.sde, ex.theta, ex.x0, ex.particles)
-    return ex, state, ft.run(ex.sde, state, steps, ex.dt, ex.lr, record_every=record_every)
+    return ex, state, ft.run(ex.sde, state, steps, ex.dt, ex.lr, save=ft.SaveAt(record_every))
 
 
 def same(a, b):
@@ -26,12 +26,11 @@ def test_round_trip_and_bitwise_resume(tmp_path):
     path = tmp_path / "ck.pt"
     ft.save(path, state, history, metadata={"problem": "lqr-1d", "dt": ex.dt})
     loaded = ft.load(path)
-    assert isinstance(loaded, ft.Checkpoint) and loaded.metadata == {"problem": "lqr-1d", "dt": ex.dt}
+    assert isinstance(loaded, ft.driver.Checkpoint) and loaded.metadata == {"problem": "lqr-1d", "dt": ex.dt}
     assert same(loaded.state, state) and same(loaded.history[:6], history[:6])
     assert loaded.history.noise["brownian"]["position"] == 30
-    resumed, resumed_history = ft.run(ex.sde, loaded.state, 45, ex.dt, ex.lr, record_every=20,
-                                      history=loaded.history)
-    whole, whole_history = ft.run(ex.sde, start, 75, ex.dt, ex.lr, record_every=20)
+    resumed, resumed_history = ft.run(ex.sde, (loaded.state, loaded.history), 45, ex.dt, ex.lr, save=ft.SaveAt(20))
+    whole, whole_history = ft.run(ex.sde, start, 75, ex.dt, ex.lr, save=ft.SaveAt(20))
     assert same(resumed, whole)
     # the resumed history has one more record, at step 30 where the first part ended
     keep = [i for i, n in enumerate(resumed_history.step.tolist()) if n != 30]

@@ -1,4 +1,4 @@
-"""Checkpoints during a run (``fwdtrain.checkpointing``) and on the command line: the path is probed before
+"""Checkpoints during a run (``fwdtrain.driver.hooks.Checkpointing``) and on the command line: the path is probed before
 the first step, a save that fails later keeps the results, and ``--resume`` refuses what it cannot continue."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain import checkpointing, cli, examples
-from fwdtrain._tree import leaves
+from fwdtrain import cli, examples
+from fwdtrain.driver import hooks as checkpointing
+from fwdtrain.core._tree import leaves
 
 DT, LR = 0.01, 0.5
 
@@ -53,8 +54,7 @@ def test_run_probes_the_checkpoint_path_before_the_first_step(tmp_path):
     steps = []
     for what, path in _bad_paths(tmp_path).items():
         with pytest.raises(ft.CheckpointError, match="cannot write the checkpoint") as caught:
-            ft.run(sde, state, 10, DT, LR, checkpoint=path, progress=False,
-                   callback=lambda n, s: steps.append(n), callback_every=1)
+            ft.run(sde, state, 10, DT, LR, hooks=(ft.driver.Callback(lambda n, s: steps.append(n), 1), ft.Checkpointing(path)))
         assert str(path) in str(caught.value), what
     assert steps == []  # refused before stepping
     os.chmod(tmp_path / "locked", 0o700)
@@ -62,23 +62,23 @@ def test_run_probes_the_checkpoint_path_before_the_first_step(tmp_path):
 
 def test_a_save_that_fails_later_keeps_the_results(tmp_path, monkeypatch):
     sde, state = _problem()
-    expected, expected_history = ft.run(sde, state, 30, DT, LR, progress=False)
+    expected, expected_history = ft.run(sde, state, 30, DT, LR)
     saves = []
 
     def full_disk(path, *args, **kwargs):
         saves.append(path)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpointing, "save", full_disk)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", full_disk)
     path = tmp_path / "ck.pt"
-    with pytest.raises(ft.CheckpointWriteError, match="No space left") as caught:
-        ft.run(sde, state, 30, DT, LR, checkpoint=ft.Checkpointing(path, every=10), progress=False)
+    with pytest.raises(ft.errors.CheckpointWriteError, match="No space left") as caught:
+        ft.run(sde, state, 30, DT, LR, hooks=(ft.Checkpointing(path, every=10),))
     error = caught.value
     assert isinstance(error, ft.CheckpointError) and error.path == str(path) and saves == [path]
     assert error.history.steps == 10 and float(error.state.t) == pytest.approx(10 * DT)  # the state it tried to save
     # at the end: the whole run
-    with pytest.raises(ft.CheckpointWriteError) as caught:
-        ft.run(sde, state, 30, DT, LR, checkpoint=path, progress=False)
+    with pytest.raises(ft.errors.CheckpointWriteError) as caught:
+        ft.run(sde, state, 30, DT, LR, hooks=(ft.Checkpointing(path),))
     assert all(torch.equal(a, b) for a, b in zip(leaves(caught.value.state), leaves(expected)))
     assert torch.equal(caught.value.history.cost, expected_history.cost)
 
@@ -95,7 +95,7 @@ def test_cli_prints_the_results_when_the_final_save_fails(tiny, tmp_path, capsys
     def full_disk(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpointing, "save", full_disk)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", full_disk)
     path = tmp_path / "ck.pt"
     assert cli.main(["tiny", "--no-plot", "--checkpoint", str(path)]) == cli.EXIT_CHECKPOINT == 4
     captured = capsys.readouterr()
@@ -116,8 +116,7 @@ def test_cli_resume_refuses_another_seed_and_foreign_or_historyless_checkpoints(
     sde = ft.SDE(drift=lambda th, x: -th["k"] * x, diffusion=lambda th, x: torch.ones_like(x),
                  cost=lambda th, x: (x * x).sum())
     theta = {"k": torch.tensor(1.0, dtype=torch.float64)}
-    state, history = ft.run(sde, ft.init(sde, theta, torch.zeros(1, dtype=torch.float64), 3), 5, DT, LR,
-                            progress=False)
+    state, history = ft.run(sde, ft.init(sde, theta, torch.zeros(1, dtype=torch.float64), 3), 5, DT, LR)
     foreign = tmp_path / "foreign.pt"
     ft.save(foreign, state, history)
     assert cli.main(["tiny", "--no-plot", "--resume", str(foreign)]) == 2

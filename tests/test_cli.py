@@ -67,7 +67,7 @@ def test_json_checkpoint_and_resume_equal_one_run(registry, tmp_path, capsys):
     assert cli.main(["tiny", "--steps", "70", "--checkpoint", str(whole), "--no-plot"]) == 0
     assert "slope" in capsys.readouterr().out
     a, b = ft.load(resumed).state, ft.load(whole).state
-    assert all(torch.equal(x, y) for x, y in zip(ft._tree.leaves(a), ft._tree.leaves(b)))
+    assert all(torch.equal(x, y) for x, y in zip(ft.core._tree.leaves(a), ft.core._tree.leaves(b)))
 
 
 @pytest.mark.parametrize("argv", [

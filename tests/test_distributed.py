@@ -23,7 +23,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain import cli, plotting
 from fwdtrain import distributed as D
-from fwdtrain.euler import advance
+from fwdtrain.core.kernel import advance
 
 DT, LR, SEED, STEPS = 0.01, 0.5, 7, 40
 LAUNCH_TIMEOUT = 60.0
@@ -41,7 +41,7 @@ def _reference(particles: list[int], steps: int, every: int = 1):
     """
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=sum(particles))
-    noise = torch.cat([ft.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
+    noise = torch.cat([ft.noise.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
                        for r, n in enumerate(particles)], dim=1)
     costs, window = [], None
     for n, dw in enumerate(noise, start=1):
@@ -79,10 +79,9 @@ def _composed_loop(ex, state, every):
     """The pieces in the plain driver: fwdtrain.run with seed=rank_seed(seed), reduce=gradient_mean(...)
     and check_group as a callback; and in one's own loop over advance with the same noise."""
     reduce = D.gradient_mean(every, weight=state.particles)
-    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, seed=D.rank_seed(SEED), record_every=10, reduce=reduce,
-                      callback=lambda n, s: D.check_group(s, n), callback_every=10)
+    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, noise=D.rank_seed(SEED), save=ft.SaveAt(10), hooks=(ft.driver.Callback(lambda n, s: D.check_group(s, n), 10), ft.driver.GradientHook(reduce)))
     reduce = D.gradient_mean(every, weight=state.particles)
-    noise = ft.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
+    noise = ft.noise.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
     for dw in noise:
         state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
     return final, state
@@ -230,7 +229,7 @@ def test_single_process_matches_the_reference(every):
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=3)
     final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10, every=every)
     reference, costs = _reference([3], STEPS, every)
-    for got, want in zip(ft._tree.leaves(final), ft._tree.leaves(reference)):
+    for got, want in zip(ft.core._tree.leaves(final), ft.core._tree.leaves(reference)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(history.cost, costs.reshape(-1, 10).mean(1), rtol=1e-12, atol=1e-14)
     assert history.step.tolist() == [10, 20, 30, 40]
@@ -258,14 +257,14 @@ def test_interrupt_returns_the_last_checked_state_and_saves_it(tmp_path):
                                        checkpoint=path)
     assert bool(history.interrupted) and history.steps == int(round(float(final.t) / DT)) and history.steps % 5 == 0
     saved = D.load_group(path)
-    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves((saved.state, saved.history.step)),
-                                                  ft._tree.leaves((final, history.step))))
+    assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves((saved.state, saved.history.step)),
+                                                  ft.core._tree.leaves((final, history.step))))
     # continuing the saved run equals the run never interrupted
     plain = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
     whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, check_every=5, record_every=5)
     rest, _ = D.distributed_run(ex.sde, saved.state, 30 - history.steps, DT, LR, seed=SEED, check_every=5,
                                 record_every=5, history=saved.history)
-    assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(rest), ft._tree.leaves(whole)))
+    assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(rest), ft.core._tree.leaves(whole)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,17 +277,17 @@ def _assert_matches_reference(runs_per_rank, particles, every):
     for r, (runs, composed) in enumerate(runs_per_rank):
         final, history, _ = runs[0]
         for other in composed:
-            assert all(torch.equal(a, b) for a, b in zip(ft._tree.leaves(final), ft._tree.leaves(other)))
+            assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(final), ft.core._tree.leaves(other)))
         rows = slice(offsets[r], offsets[r] + particles[r])
         torch.testing.assert_close(final.x, reference.x[rows], rtol=1e-10, atol=1e-12)
-        for got, want in zip(ft._tree.leaves(final.x_tilde), ft._tree.leaves(reference.x_tilde)):
+        for got, want in zip(ft.core._tree.leaves(final.x_tilde), ft.core._tree.leaves(reference.x_tilde)):
             torch.testing.assert_close(got, want[rows], rtol=1e-10, atol=1e-12)
-        for got, want in zip(ft._tree.leaves(final.theta), ft._tree.leaves(reference.theta)):
+        for got, want in zip(ft.core._tree.leaves(final.theta), ft.core._tree.leaves(reference.theta)):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(history.cost, costs.reshape(-1, 10).mean(1), rtol=1e-10, atol=1e-12)
-    theta0 = ft._tree.leaves(runs_per_rank[0][0][0][0].theta)
+    theta0 = ft.core._tree.leaves(runs_per_rank[0][0][0][0].theta)
     for runs, _ in runs_per_rank[1:]:  # bitwise equal theta on every rank
-        assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(runs[0][0].theta)))
+        assert all(torch.equal(a, b) for a, b in zip(theta0, ft.core._tree.leaves(runs[0][0].theta)))
 
 
 def test_two_ranks_equal_one_process_reproducibly_and_only_rank_0_prints():
@@ -297,7 +296,7 @@ def test_two_ranks_equal_one_process_reproducibly_and_only_rank_0_prints():
     _assert_matches_reference(ranks, particles, every=1)
     for runs, _ in ranks:  # same seed, same bits
         (a, ha, _), (b, hb, _) = runs
-        assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((a, ha)), ft._tree.leaves((b, hb))))
+        assert all(torch.equal(u, v) for u, v in zip(ft.core._tree.leaves((a, ha)), ft.core._tree.leaves((b, hb))))
     lines = ranks[0][0][0][2].splitlines()
     assert len(lines) == 4 and all(line.startswith("step") and "ranks 2" in line for line in lines)
     assert all(run[2] == "" for run in ranks[1][0])
@@ -430,8 +429,8 @@ def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
         assert code0 == code1 == 0 and out1 == ""
         assert json.loads(out0)["steps"] == 120 and json.loads(out0)["steps_this_run"] in (60, 120)
     b, c = ft.load(tmp_path / "b.pt"), ft.load(tmp_path / "c.pt")
-    assert all(torch.equal(u, v) for u, v in zip(ft._tree.leaves((b.state, b.metadata["ranks"])),
-                                                  ft._tree.leaves((c.state, c.metadata["ranks"]))))
+    assert all(torch.equal(u, v) for u, v in zip(ft.core._tree.leaves((b.state, b.metadata["ranks"])),
+                                                  ft.core._tree.leaves((c.state, c.metadata["ranks"]))))
     assert torch.equal(b.history.average_cost[-1], c.history.average_cost[-1])
 
     # one process cannot continue a group's run
@@ -477,10 +476,10 @@ def test_compile_and_fuse_under_a_group_equal_the_eager_run():
         eager_state, eager_history = out["eager"]
         for name in ("compiled", "fused"):
             state, history = out[name]
-            for a, b in zip(ft._tree.leaves((eager_state, eager_history.cost)), ft._tree.leaves((state, history.cost))):
+            for a, b in zip(ft.core._tree.leaves((eager_state, eager_history.cost)), ft.core._tree.leaves((state, history.cost))):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
-    theta0 = ft._tree.leaves(ranks[0]["fused"][0].theta)
-    assert all(torch.equal(a, b) for a, b in zip(theta0, ft._tree.leaves(ranks[1]["fused"][0].theta)))
+    theta0 = ft.core._tree.leaves(ranks[0]["fused"][0].theta)
+    assert all(torch.equal(a, b) for a, b in zip(theta0, ft.core._tree.leaves(ranks[1]["fused"][0].theta)))
 
 
 def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import ensemble as en
-from fwdtrain._tree import leaves
+from fwdtrain.core._tree import leaves
 
 f64 = torch.float64
 DT = 0.01
@@ -43,14 +43,15 @@ def lqr(seeds, hidden=4, dtype=f64, particles=4):
     return sde, singles, en.stack(singles)
 
 
-def single(sde, state, steps, lr, seed, **options):
-    return ft.run(sde, state, steps, DT, lr, seed=seed, record_every=10, progress=False, **options)
+def single(sde, start, steps, lr, noise, mode="auto", check_every=100, **options):
+    return ft.run(sde, start, steps, DT, lr, noise, save=ft.SaveAt(10), solver=ft.Euler(mode=mode),
+                  checks=ft.Checks(check_every), **options)
 
 
 def test_forward_mode_ensemble_is_bitwise_the_separate_runs():
     sde, state = gain_state([0.5, -0.2, 0.1])
     lrs = torch.tensor([0.3, 1.0, 3.0], dtype=f64)
-    final, history = en.run(sde, state, 45, DT, lrs, seed=5, mode="forward", record_every=10, progress=False)
+    final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 45, DT, lrs, noise=5, save=ft.SaveAt(10), solver=ft.Euler(mode="forward"))
     assert history.cost.shape == (5, 3) and history.theta["k"].shape == (5, 3, 1)
     assert history.diverged.tolist() == [False] * 3 and history.frozen_at.tolist() == [-1] * 3
     for e in range(3):
@@ -65,7 +66,7 @@ def test_lqr_ensemble_with_per_member_schedules_equals_the_separate_runs_to_an_u
     sde, singles, state = lqr([0, 1, 2])
     lr = en.PerMember(ft.schedules.inverse_time, {"scale": torch.tensor([5.0, 10.0, 20.0], dtype=f64),
                                                    "offset": torch.full((3,), 20.0, dtype=f64)})
-    final, history = en.run(sde, state, 30, DT, lr, seed=[7, 3, 9], record_every=10, progress=False)
+    final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 30, DT, lr, noise=[7, 3, 9], save=ft.SaveAt(10))
     for e, (scale, seed) in enumerate(zip((5.0, 10.0, 20.0), (7, 3, 9))):
         alone, alone_history = single(sde, singles[e], 30, ft.schedules.inverse_time(scale, 20.0), seed)
         for got, want in zip(leaves((en.member(final, e), records(en.member_history(history, e)))),
@@ -79,7 +80,7 @@ def test_a_wide_network_agrees_to_rounding():
     """With 16 hidden units a batched matmul (bmm) sums 16 terms in another order than the single run's
     mm: the members agree with the separate runs to a few ulp per step, not bitwise."""
     sde, singles, state = lqr([0, 1], hidden=16, dtype=torch.float32)
-    final, _ = en.run(sde, state, 20, DT, 0.5, seed=0, record_every=10, progress=False)
+    final, _ = ft.run(en.Ensemble(sde, en.size(state)), state, 20, DT, 0.5, noise=0, save=ft.SaveAt(10))
     for e in range(2):
         alone, _ = single(sde, singles[e], 20, 0.5, e)
         for a, b in zip(leaves(en.member(final, e)), leaves(alone)):
@@ -89,21 +90,20 @@ def test_a_wide_network_agrees_to_rounding():
 def test_resume_and_checkpoint_are_bitwise(tmp_path):
     sde, _, state = lqr([0, 1, 2])
     lrs = [0.5, 1.0, 2.0]
-    whole = en.run(sde, state, 40, DT, lrs, seed=1, record_every=10, progress=False)
-    half, half_history = en.run(sde, state, 20, DT, lrs, seed=1, record_every=10, progress=False,
-                                checkpoint=tmp_path / "e.pt")
-    resumed = en.run(sde, half, 20, DT, lrs, seed=1, history=half_history, record_every=10, progress=False)
+    whole = ft.run(en.Ensemble(sde, en.size(state)), state, 40, DT, lrs, noise=1, save=ft.SaveAt(10))
+    half, half_history = ft.run(en.Ensemble(sde, en.size(state)), state, 20, DT, lrs, noise=1, save=ft.SaveAt(10), hooks=(ft.Checkpointing(tmp_path / "e.pt"),))
+    resumed = ft.run(en.Ensemble(sde, 3), (half, half_history), 20, DT, lrs, noise=1, save=ft.SaveAt(10))
     assert same(whole[0], resumed[0]) and same(records(whole[1]), records(resumed[1]))
     loaded = ft.load(tmp_path / "e.pt")
     assert same(loaded.state, half) and same(records(loaded.history), records(half_history))
     assert torch.equal(loaded.history.diverged, half_history.diverged)
-    again = en.run(sde, loaded.state, 20, DT, lrs, seed=1, history=loaded.history, record_every=10, progress=False)
+    again = ft.run(en.Ensemble(sde, 3), (loaded.state, loaded.history), 20, DT, lrs, noise=1, save=ft.SaveAt(10))
     assert same(whole[0], again[0]) and same(records(whole[1]), records(again[1]))
     ft.save(tmp_path / "bad.pt", half._replace(t=half.t[:2]), half_history)
     with pytest.raises(ft.CheckpointError, match="one clock per member"):
         ft.load(tmp_path / "bad.pt")
     # a member's own history continues it alone, as the run with its seed
-    member_state, _ = single(sde, en.member(half, 1), 20, 1.0, 2, history=en.member_history(half_history, 1))
+    member_state, _ = single(sde, (en.member(half, 1), en.member_history(half_history, 1)), 20, 1.0, 2)
     assert same(member_state, en.member(whole[0], 1))
 
 
@@ -111,9 +111,7 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     sde, state = gain_state([0.5, 0.5, 0.1])
     lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
     seen = []
-    final, history = en.run(sde, state, 200, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
-                            progress=True, progress_every=10, callback=lambda n, s: seen.append((n, s)),
-                            callback_every=5)
+    final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 200, DT, lrs, noise=0, save=ft.SaveAt(10), checks=ft.Checks(10), solver=ft.Euler(mode="forward"), hooks=(ft.driver.Callback(lambda n, s: seen.append((n, s)), 5), ft.Progress(10, True)))
     assert len(seen) == 40 and all(bool(torch.isfinite(s.x).all()) for n, s in seen if n % 10 == 0)  # shown frozen
     with pytest.raises(ft.DivergenceError) as caught:
         single(sde, en.member(state, 1), 200, lrs[1], 1, mode="forward", check_every=10)
@@ -123,8 +121,10 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     assert same(en.member(final, 1), error.state)  # frozen at its last checked finite state
     frozen = (history.step > error.last_finite_step)
     assert torch.isnan(history.cost[frozen, 1]).all() and not torch.isnan(history.cost[~frozen, 1]).any()
-    kept = len(error.history.step)  # the records up to the freeze are those of the run alone
-    assert same(records(ft.history.records(en.member_history(history, 1), 0, kept)), records(error.history))
+    grid = error.history.step % 10 == 0  # the records up to the freeze (on the grid) are those of the run alone
+    kept = int(grid.sum())
+    alone_records = tuple(ft.core._tree.tree_map(lambda leaf: leaf[grid], records(error.history)))
+    assert same(records(ft.core.history.records(en.member_history(history, 1), 0, kept)), alone_records)
     for e in (0, 2):  # bitwise the runs alone
         alone, alone_history = single(sde, en.member(state, e), 200, lrs[e], e, mode="forward", check_every=10)
         assert same(en.member(final, e), alone)
@@ -132,21 +132,20 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     # a checkpoint written during the run holds the frozen member frozen, and the flags
     from fwdtrain.driver import setup
     assert error.last_finite_step < 100
-    loop = setup(en.Ensemble(sde, 3), state, 200, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
-                 progress=False, checkpoint=ft.Checkpointing(tmp_path / "d.pt", every=100))
+    loop = setup(en.Ensemble(sde, 3), state, 200, DT, lrs, 0, solver=ft.Euler(mode="forward"), save=ft.SaveAt(10),
+                 checks=ft.Checks(10), hooks=(ft.Checkpointing(tmp_path / "d.pt", every=100),))
     loop.advance_to(150)
     saved = ft.load(tmp_path / "d.pt")
     assert saved.history.diverged.tolist() == [False, True, False] and saved.history.steps == 100
     assert same(en.member(saved.state, 1), error.state)
-    resumed, _ = en.run(sde, saved.state, 100, DT, lrs, seed=0, mode="forward", record_every=10, check_every=10,
-                        history=saved.history, progress=False)
+    resumed, _ = ft.run(en.Ensemble(sde, 3), (saved.state, saved.history), 100, DT, lrs, noise=0, save=ft.SaveAt(10), checks=ft.Checks(10), solver=ft.Euler(mode="forward"))
     assert same(resumed, final)
 
 
 def test_all_members_diverged_raises_with_the_frozen_states():
     sde, state = gain_state([0.5, 0.5])
     with pytest.raises(ft.DivergenceError) as caught:
-        en.run(sde, state, 300, DT, [1e4, 2e4], seed=0, record_every=10, check_every=10, progress=False)
+        ft.run(en.Ensemble(sde, en.size(state)), state, 300, DT, [1e4, 2e4], noise=0, save=ft.SaveAt(10), checks=ft.Checks(10))
     assert caught.value.history.diverged.tolist() == [True, True]
     assert torch.isfinite(caught.value.state.x).all()
 
@@ -154,9 +153,9 @@ def test_all_members_diverged_raises_with_the_frozen_states():
 def test_compiled_and_fused_equal_eager():
     sde, _, state = lqr([0, 1])
     lrs = [0.5, 2.0]
-    eager = en.run(sde, state, 24, DT, lrs, seed=3, mode="reverse", record_every=12, progress=False)
-    for options in ({"compile": "eager"}, {"compile": "eager", "fuse": 4}):
-        compiled = en.run(sde, state, 24, DT, lrs, seed=3, record_every=12, progress=False, **options)
+    eager = ft.run(en.Ensemble(sde, en.size(state)), state, 24, DT, lrs, noise=3, save=ft.SaveAt(12), solver=ft.Euler(mode="reverse"))
+    for options in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=8)}):
+        compiled = ft.run(en.Ensemble(sde, en.size(state)), state, 24, DT, lrs, noise=3, save=ft.SaveAt(12), **options)
         assert same(compiled[0], eager[0]) and same(records(compiled[1]), records(eager[1])), options
 
 
@@ -165,23 +164,24 @@ def test_compiled_kernels_take_the_ensemble():
     ensemble = en.Ensemble(sde, 2)
     dw = torch.randn(4, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(0)) * DT ** 0.5
     alpha = torch.tensor([0.5, 2.0], dtype=f64)
-    one_step = ft.compile_advance(ensemble, DT, "reverse", backend="eager")
-    fused = ft.compile_steps(ensemble, DT, lambda t: alpha, "reverse", 4, backend="eager")
+    plan = ensemble.plan(state)
+    one_step = ft.compile.function_kernel(lambda s, d, a: ensemble.advance(s, d, DT, a, plan), (state, dw[0], alpha),
+                                          key=(ensemble, plan, DT), options=ft.Compile(True, route="dynamo", backend="eager"))
     expected = state
     for k in range(4):
-        expected, _ = ensemble.advance(expected, dw[k], DT, alpha, "reverse")
+        expected, _ = ensemble.advance(expected, dw[k], DT, alpha, plan)
     stepped = state
     for k in range(4):
         stepped, _ = one_step(stepped, dw[k], alpha)
-    assert same(stepped, expected) and same(fused(state, dw)[0], expected)
+    assert same(stepped, expected)
 
 
 def test_user_noise_tensor_has_a_member_axis():
     sde, state = gain_state([0.5, -0.2])
     noise = torch.randn(12, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(1)) * DT ** 0.5
-    final, _ = en.run(sde, state, 12, DT, 0.5, noise=noise, mode="forward", record_every=6, progress=False)
+    final, _ = ft.run(en.Ensemble(sde, en.size(state)), state, 12, DT, 0.5, noise=noise, save=ft.SaveAt(6), solver=ft.Euler(mode="forward"))
     for e in range(2):
-        alone, _ = single(sde, en.member(state, e), 12, 0.5, 0, noise=noise[:, e], mode="forward")
+        alone, _ = single(sde, en.member(state, e), 12, 0.5, noise[:, e], mode="forward")
         assert same(en.member(final, e), alone)
 
 
@@ -195,20 +195,20 @@ def test_helpers_and_errors_before_any_step():
     with pytest.raises(ValueError, match="at least one member"):
         en.stack([])
     with pytest.raises(ValueError, match="ensemble has size 4"):
-        ft.run(en.Ensemble(sde, 4), state, 1, DT, 0.1, progress=False)
+        ft.run(en.Ensemble(sde, 4), state, 1, DT, 0.1)
     with pytest.raises(ValueError, match="ensemble size E"):
-        ft.run(en.Ensemble(sde, 0), state, 1, DT, 0.1, progress=False)
+        ft.run(en.Ensemble(sde, 0), state, 1, DT, 0.1)
     with pytest.raises(ValueError, match="leading member axis"):
-        en.run(sde, state._replace(t=torch.zeros(2, dtype=f64)), 1, DT, 0.1, progress=False)
+        ft.run(en.Ensemble(sde, 3), state._replace(t=torch.zeros(2, dtype=f64)), 1, DT, 0.1)
     with pytest.raises(ValueError, match="3 entries"):
-        en.run(sde, state, 1, DT, [0.1, 0.2], progress=False)
+        ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, [0.1, 0.2])
     with pytest.raises(ValueError, match="3 members"):
-        en.run(sde, state, 1, DT, en.PerMember(ft.schedules.constant, {"value": torch.ones(2)}), progress=False)
-    with pytest.raises(ValueError, match="seeds must be 3 ints"):
-        en.run(sde, state, 1, DT, 0.1, seed=[1, 2], progress=False)
+        ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, en.PerMember(ft.schedules.constant, {"value": torch.ones(2)}))
+    with pytest.raises(ValueError, match="noise= gives 2 seeds for an ensemble of 3 members"):
+        ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, 0.1, noise=[1, 2])
     with pytest.raises(ValueError, match="non-finite entries.*members \\[1\\]"):
         bad = state._replace(x=state.x.clone().index_fill_(0, torch.tensor([1]), float("nan")))
-        en.run(sde, bad, 1, DT, 0.1, progress=False)
+        ft.run(en.Ensemble(sde, 3), bad, 1, DT, 0.1)
 
 
 def test_readme_ensemble_example():
@@ -233,10 +233,10 @@ def test_inductor_compiles_the_vmapped_step():
     import warnings
 
     sde, _, state = lqr([0, 1])
-    eager = en.run(sde, state, 8, DT, [0.5, 2.0], seed=3, mode="reverse", record_every=8, progress=False)
+    eager = ft.run(en.Ensemble(sde, en.size(state)), state, 8, DT, [0.5, 2.0], noise=3, save=ft.SaveAt(8), solver=ft.Euler(mode="reverse"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a failed compile warns and runs eagerly
-        compiled = en.run(sde, state, 8, DT, [0.5, 2.0], seed=3, record_every=8, progress=False, compile=True)
+        compiled = ft.run(en.Ensemble(sde, en.size(state)), state, 8, DT, [0.5, 2.0], compile=True, noise=3, save=ft.SaveAt(8))
     for a, b in zip(leaves(compiled), leaves(eager)):
         if a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -249,8 +249,7 @@ def test_ensemble_with_adam_and_averaging_equals_the_separate_runs():
     exs = [ft.examples.lqr_1d(particles=4, dtype=f64, seed=s, hidden=4) for s in (0, 1)]
     sde, rule = exs[0].sde, ft.optim.adam()
     singles = [ft.init(sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.1) for ex in exs]
-    final, history = en.run(sde, en.stack(singles), 30, DT, 0.05, seed=4, record_every=10, progress=False,
-                            optimizer=rule)
+    final, history = ft.run(en.Ensemble(sde, 2), en.stack(singles), 30, DT, 0.05, optimizer=rule, noise=4, save=ft.SaveAt(10))
     assert history.theta_average is not None
     for e in range(2):
         alone, alone_history = single(sde, singles[e], 30, 0.05, 4 + e, optimizer=rule)

@@ -133,8 +133,8 @@ def test_sde_fields_must_be_callable():
 def test_run_rejects_bad_counts(ex, state):
     with pytest.raises(ValueError, match="steps"):
         ft.run(ex.sde, state, -1, 0.01, 0.1)
-    with pytest.raises(ValueError, match="record_every"):
-        ft.run(ex.sde, state, 10, 0.01, 0.1, record_every=0)
+    with pytest.raises(ValueError, match=r"SaveAt\(every=...\) must be an integer >= 1, got 0"):
+        ft.run(ex.sde, state, 10, 0.01, 0.1, save=ft.SaveAt(0))
     with pytest.raises(ValueError, match="dt must be positive"):
         ft.run(ex.sde, state, 10, 0.0, 0.1)
 

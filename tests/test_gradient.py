@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.sensitivity import linearise_particles
+from fwdtrain.core.sensitivity import linearise_particles
 
 DT = 0.01
 

@@ -55,7 +55,7 @@ def test_gradient_estimate_matches_exact_gradient():
     ex = lqr_problem(*problem, particles=64, dt=0.02, dtype=torch.float64)
     theta = {"gain": torch.tensor(gain)}
     state = ft.init(ex.sde, theta, torch.zeros(3, dtype=torch.float64), ex.particles)
-    state, _ = ft.run(ex.sde, state, 200, 0.02, 0.0, seed=1)  # burn in X and Xtilde (mixing time ~ 1)
+    state, _ = ft.run(ex.sde, state, 200, 0.02, 0.0, noise=1)  # burn in X and Xtilde (mixing time ~ 1)
     generator = torch.Generator().manual_seed(2)
     total = torch.zeros_like(theta["gain"])
     steps = 800
@@ -80,7 +80,7 @@ def test_short_training_linear_control():
     ex = lqr_nd(dim=2, particles=64, dt=0.02, lr=3.0, dtype=torch.float32)
     start = ex.evaluate(ex.theta)
     assert start["gain_error"] == pytest.approx(1.0) and start["cost"] > 1.2 * ex.reference["cost"]
-    state, _ = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, ex.particles), 1000, ex.dt, ex.lr, seed=0)
+    state, _ = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, ex.particles), 1000, ex.dt, ex.lr, noise=0)
     learned = ex.evaluate(state.theta)
     assert set(learned) == set(ex.reference)
     assert learned["cost"] < 1.01 * ex.reference["cost"]

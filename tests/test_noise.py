@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.noise import BrownianNoise, FunctionNoise, TensorNoise, as_noise
+from fwdtrain.core.noise import BrownianNoise, FunctionNoise, TensorNoise, as_noise
 
 
 def draw_in_chunks(source, total, chunk):

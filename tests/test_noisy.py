@@ -61,7 +61,7 @@ def test_stationary_gradient_matches_closed_form():
     k = 0.5
     ex = noisy_control(beta=BETA, gain=k, particles=256, dtype=torch.float64)
     state = ft.init(ex.sde, ex.theta, ex.x0, ex.particles)
-    state, _ = ft.run(ex.sde, state, 500, DT, 0.0, seed=5)  # burn in X and Xtilde (rate ~ 1.4)
+    state, _ = ft.run(ex.sde, state, 500, DT, 0.0, noise=5)  # burn in X and Xtilde (rate ~ 1.4)
     generator = torch.Generator().manual_seed(6)
     total, steps = 0.0, 1500
     for _ in range(steps):
@@ -76,7 +76,7 @@ def test_training_reaches_the_closed_form_optimum():
     """From k = 1, 3000 steps reach k* = 0.3028 (beta = 1) within 0.04; the beta = 0 optimum 0.4142 that a
     drift-only sensitivity would train to is 0.11 away."""
     ex = noisy_control(beta=BETA, gain=1.0, particles=64, dtype=torch.float32)
-    state, _ = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, ex.particles), 3000, ex.dt, ex.lr, seed=0)
+    state, _ = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, ex.particles), 3000, ex.dt, ex.lr, noise=0)
     learned = ex.evaluate(state.theta)
     assert set(learned) == set(ex.reference)
     assert abs(learned["gain"] - noisy_optimal_gain(BETA)) < 0.04

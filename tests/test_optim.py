@@ -5,7 +5,7 @@ import torch
 from torch.func import grad, jacfwd, vmap
 
 from fwdtrain import optim
-from fwdtrain.euler import descend
+from fwdtrain.core.kernel import descend
 
 F64 = torch.float64
 

@@ -1,7 +1,7 @@
 """The optimisers of ``fwdtrain.optim`` in training: the state carries opt_state and the running average,
 the rule is bound to the problem side, and everything stays bitwise, resumable and transformable.
 
-Every check compares against something computed another way: the plain update (``euler.descend``),
+Every check compares against something computed another way: the plain update (``fwdtrain.core.kernel.descend``),
 a run without a checkpoint, a direct mean of recorded iterates, central differences or a Python loop.
 """
 
@@ -12,9 +12,9 @@ import torch
 from torch.func import grad, vmap
 
 import fwdtrain as ft
-from fwdtrain import calibration, cli, euler, examples, optim, sgdct
-from fwdtrain._tree import leaves, squared_norm
-from fwdtrain.compiled import compile_advance, compile_steps
+from fwdtrain import calibration, cli, examples, optim, sgdct
+from fwdtrain.core.kernel import descend
+from fwdtrain.core._tree import leaves, squared_norm
 from fwdtrain.examples import linear_slope
 from conftest import diagonal_2d, nonlinear_2d
 
@@ -24,7 +24,7 @@ X0 = torch.tensor([0.3, -0.2], dtype=F64)
 
 
 def _noise(sde, theta, steps, particles, seed=0):
-    m = ft.noise_dim(sde, theta, X0.expand(particles, -1))
+    m = ft.core.state.noise_dim(sde, theta, X0.expand(particles, -1))
     generator = torch.Generator().manual_seed(seed)
     return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT ** 0.5
 
@@ -46,11 +46,13 @@ def test_default_and_sgd_rule_leave_results_bitwise_unchanged():
     assert plain.opt_state == () and plain.average == () and ruled.opt_state == optim.EmptyState()
     reference = plain
     for dw in dws:  # the pre-change update written out: euler_update + descend
-        value, total = ft.sensitivity.linearise_particles(sde, reference.theta, reference.x, reference.x_tilde,
+        value, total = ft.core.sensitivity.linearise_particles(sde, reference.theta, reference.x, reference.x_tilde,
                                                           "reverse")
-        x, x_tilde = euler.euler_update(reference, value, total, dw, DT)
+        x = reference.x + value.mu * DT + torch.einsum("ndm,nm->nd", value.sigma, dw)
+        x_tilde = {k: reference.x_tilde[k] + total.mu[k] * DT + torch.einsum("ndm...,nm->nd...", total.sigma[k], dw)
+                   for k in reference.x_tilde}
         g = {k: v.mean(0) for k, v in total.cost.items()}
-        reference = ft.State(x, x_tilde, euler.descend(reference.theta, g, lr(reference.t), DT), reference.t + DT)
+        reference = ft.State(x, x_tilde, descend(reference.theta, g, lr(reference.t), DT), reference.t + DT)
         plain = ft.step(sde, plain, dw, DT, lr, mode="reverse")
         ruled = ft.step(sde, ruled, dw, DT, lr, mode="reverse", optimizer=optim.sgd())
     assert _equal(plain, reference)
@@ -59,9 +61,8 @@ def test_default_and_sgd_rule_leave_results_bitwise_unchanged():
 
 def test_run_with_sgd_rule_equals_run_without(lqr64):
     ex = lqr64
-    a, ha = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 50, ex.dt, ex.lr, seed=3, record_every=10)
-    b, hb = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=optim.sgd()), 50, ex.dt, ex.lr, seed=3,
-                   record_every=10, optimizer=optim.sgd())
+    a, ha = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 50, ex.dt, ex.lr, noise=3, save=ft.SaveAt(10))
+    b, hb = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=optim.sgd()), 50, ex.dt, ex.lr, optimizer=optim.sgd(), noise=3, save=ft.SaveAt(10))
     assert _equal(a.theta, b.theta) and _equal(ha, hb) and ha.theta_average is None
 
 
@@ -78,8 +79,7 @@ def test_mismatched_opt_state_is_refused_before_stepping(made, stepped, lqr64):
         ft.step(ex.sde, state, dw, ex.dt, 0.1, optimizer=stepped)
     calls = []
     with pytest.raises(ValueError, match="opt_state does not fit"):
-        ft.run(ex.sde, state, 10, ex.dt, 0.1, optimizer=stepped, callback=lambda n, s: calls.append(n),
-               callback_every=1)
+        ft.run(ex.sde, state, 10, ex.dt, 0.1, optimizer=stepped, hooks=(ft.driver.Callback(lambda n, s: calls.append(n), 1),))
     assert calls == []
 
 
@@ -103,22 +103,22 @@ def test_optimizer_must_be_a_transformation(lqr64):
 def test_adam_state_roundtrips_and_resume_is_bitwise(lqr64, tmp_path):
     ex, rule = lqr64, optim.chain(optim.clip_by_global_norm(1.0), optim.adam())
     start = ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.2)
-    whole, hw = ft.run(ex.sde, start, 60, ex.dt, 0.05, seed=1, record_every=10, optimizer=rule)
-    half, hh = ft.run(ex.sde, start, 30, ex.dt, 0.05, seed=1, record_every=10, optimizer=rule)
+    whole, hw = ft.run(ex.sde, start, 60, ex.dt, 0.05, optimizer=rule, noise=1, save=ft.SaveAt(10))
+    half, hh = ft.run(ex.sde, start, 30, ex.dt, 0.05, optimizer=rule, noise=1, save=ft.SaveAt(10))
     ft.save(tmp_path / "ck.pt", half, hh)
     ck = ft.load(tmp_path / "ck.pt")
     assert _equal(ck.state, half) and type(ck.state.opt_state[1][0]) is optim.AdamState
     assert isinstance(ck.state.average, optim.Average) and torch.equal(ck.state.average.start, half.average.start)
-    rest, hr = ft.run(ex.sde, ck.state, 30, ex.dt, 0.05, history=ck.history, record_every=10, optimizer=rule)
+    rest, hr = ft.run(ex.sde, (ck.state, ck.history), 30, ex.dt, 0.05, optimizer=rule, save=ft.SaveAt(10))
     assert _equal(rest, whole) and _equal(hr, hw)
     assert hr.theta_average["weight0"].shape[0] == len(hr.step)
 
 
 def test_old_checkpoint_without_the_new_fields_loads(lqr64, tmp_path):
-    from fwdtrain import checkpoint
+    from fwdtrain.driver import checkpoint
 
     ex = lqr64
-    state, history = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 20, ex.dt, 0.1, record_every=10)
+    state, history = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 20, ex.dt, 0.1, save=ft.SaveAt(10))
     content = {"state": {k: v for k, v in state._asdict().items() if k in ("x", "x_tilde", "theta", "t")},
                "history": {k: v for k, v in history._asdict().items() if k != "theta_average"}, "metadata": {}}
     content = checkpoint._plain(content, "content")
@@ -135,7 +135,7 @@ def test_old_checkpoint_without_the_new_fields_loads(lqr64, tmp_path):
 def test_running_average_equals_direct_mean_of_recorded_iterates(lqr64):
     ex, t0 = lqr64, 0.25
     state = ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=optim.momentum(0.5), average_from=t0)
-    final, history = ft.run(ex.sde, state, 60, ex.dt, 0.2, seed=2, record_every=1, optimizer=optim.momentum(0.5))
+    final, history = ft.run(ex.sde, state, 60, ex.dt, 0.2, optimizer=optim.momentum(0.5), noise=2, save=ft.SaveAt(1))
     chosen = history.t >= t0
     assert int(final.average.count) == int(chosen.sum()) == 36
     for name, leaf in history.theta.items():
@@ -148,7 +148,7 @@ def test_running_average_equals_direct_mean_of_recorded_iterates(lqr64):
 def test_average_before_t0_stays_empty(lqr64):
     ex = lqr64
     state = ft.init(ex.sde, ex.theta, ex.x0, 4, average_from=100.0)
-    final, _ = ft.run(ex.sde, state, 10, ex.dt, 0.2, record_every=5)
+    final, _ = ft.run(ex.sde, state, 10, ex.dt, 0.2, save=ft.SaveAt(5))
     assert int(final.average.count) == 0 and all(bool((leaf == 0).all()) for leaf in leaves(final.average.mean))
 
 
@@ -204,7 +204,7 @@ def test_vmap_over_runs_with_momentum_equals_a_loop():
         state = ft.init(sde, theta, X0, particles=3, optimizer=rule, average_from=0.05)
         for dw in dws:
             state = ft.step(sde, state, dw, DT, lr, optimizer=rule)
-        one = ft._tree.tree_map(lambda leaf: leaf[i], states)
+        one = ft.core._tree.tree_map(lambda leaf: leaf[i], states)
         for a, b in zip(leaves(one), leaves(state)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
@@ -216,17 +216,9 @@ def test_compiled_kernels_with_an_optimizer_equal_eager(lqr64):
     eager = start
     for dw in dws:
         eager = ft.step(ex.sde, eager, dw, ex.dt, 0.3, mode="reverse", optimizer=rule)
-    one = compile_advance(ex.sde, ex.dt, "reverse", backend="eager", optimizer=rule)
-    fused = compile_steps(ex.sde, ex.dt, ft.schedules.constant(0.3), "reverse", 4, backend="eager", optimizer=rule)
-    a, b = start, start
-    for dw in dws:
-        a, _ = one(a, dw, 0.3)
-    b, _ = fused(fused(b, dws[:4])[0], dws[4:])
-    for got in (a, b):
-        for x, y in zip(leaves(got), leaves(eager)):
-            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
-    c, _ = ft.run(ex.sde, start, 8, ex.dt, 0.3, noise=dws, optimizer=rule, compile="eager", fuse=4, record_every=8,
-                  mode="reverse")
+    quick = ft.Compile(True, route="dynamo", backend="eager")  # the compiled kernels' plumbing, traced by dynamo only (quick)
+    c, _ = ft.run(ex.sde, start, 8, ex.dt, 0.3, noise=dws, optimizer=rule, compile=quick, save=ft.SaveAt(8),
+                  solver=ft.Euler(mode="reverse"))
     for x, y in zip(leaves(c), leaves(eager)):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
 
@@ -240,7 +232,7 @@ def test_calibration_and_sgdct_take_an_optimizer():
     cal = problem.problem.with_optimizer(rule)
     state = calibration.init(cal, problem.theta, problem.x0, 4, average_from=0.0)
     assert type(state.opt_state[0]) is optim.AdamState
-    final, history = ft.run(cal, state, 10, problem.dt, 0.01, record_every=5)
+    final, history = ft.run(cal, state, 10, problem.dt, 0.01, save=ft.SaveAt(5))
     assert int(final.opt_state[0].count) == 10 and history.theta_average is not None
     with pytest.raises(ValueError, match="does not fit"):
         ft.run(problem.problem, state, 3, problem.dt, 0.01)
@@ -249,12 +241,10 @@ def test_calibration_and_sgdct_take_an_optimizer():
     increments = ou.data(0, 20)
     base = ou.initial_state()
     plain, _ = ft.run(ou.trainable, base, 20, ou.dt, ou.lr, noise=increments)
-    ruled, _ = ft.run(ou.trainable, ft.with_optimizer(base, optim.sgd()), 20, ou.dt, ou.lr, noise=increments,
-                      optimizer=optim.sgd())
+    ruled, _ = ft.run(ou.trainable, ft.core.state.with_optimizer(base, optim.sgd()), 20, ou.dt, ou.lr, noise=increments, optimizer=optim.sgd())
     for a, b in zip(leaves(plain.theta), leaves(ruled.theta)):  # G = -direction: the same descent, to rounding
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    moved, _ = ft.run(ou.trainable, ft.with_optimizer(base, optim.adam()), 20, ou.dt, ou.lr, noise=increments,
-                      optimizer=optim.adam())
+    moved, _ = ft.run(ou.trainable, ft.core.state.with_optimizer(base, optim.adam()), 20, ou.dt, ou.lr, noise=increments, optimizer=optim.adam())
     assert not _equal(moved.theta, plain.theta) and isinstance(sgdct.DriftEstimation(ou.sde), ft.Trainable)
 
 

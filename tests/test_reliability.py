@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain import checkpoint
-from fwdtrain._tree import leaves_with_paths
+from fwdtrain.driver import checkpoint
+from fwdtrain.core._tree import leaves_with_paths
 
 
 def tiny(dtype=torch.float64):
@@ -18,11 +18,11 @@ def tiny(dtype=torch.float64):
     sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: 0.1 * torch.ones_like(x), lambda th, x: (x ** 2).sum())
     theta = {"k": torch.tensor([0.5], dtype=dtype)}
     start = ft.init(sde, theta, torch.ones(1, dtype=dtype), 2)
-    state, history = ft.run(sde, start, 4, 0.01, 0.1, record_every=2, noise=torch.zeros(4, 2, 1, dtype=dtype))
+    state, history = ft.run(sde, start, 4, 0.01, 0.1, noise=torch.zeros(4, 2, 1, dtype=dtype), save=ft.SaveAt(2))
     return sde, state, history
 
 
-def identical(a: ft.Checkpoint, b: ft.Checkpoint) -> bool:
+def identical(a: ft.Checkpoint, b: ft.driver.Checkpoint) -> bool:
     """Same tree paths, dtypes, shapes and bits for state and history; equal metadata."""
     def flat(tree):
         return [(path, leaf.dtype, tuple(leaf.shape), leaf) for path, leaf in leaves_with_paths(tree)]

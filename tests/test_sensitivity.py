@@ -64,11 +64,11 @@ def test_modes_agree():
     sde, theta = nonlinear_2d()
     x = torch.tensor([[0.5, -0.3], [0.1, 0.9]], dtype=torch.float64)
     state = ft.init(sde, theta, x)
-    state = state._replace(x_tilde=ft._tree.tree_map(torch.randn_like, state.x_tilde))
+    state = state._replace(x_tilde=ft.core._tree.tree_map(torch.randn_like, state.x_tilde))
     dw = torch.randn(2, 3, dtype=torch.float64)
     a = ft.step(sde, state, dw, DT, 0.3, mode="reverse")
     b = ft.step(sde, state, dw, DT, 0.3, mode="forward")
-    for left, right in zip(ft._tree.leaves(a), ft._tree.leaves(b)):
+    for left, right in zip(ft.core._tree.leaves(a), ft.core._tree.leaves(b)):
         torch.testing.assert_close(left, right, rtol=1e-12, atol=1e-12)
 
 
@@ -78,7 +78,7 @@ def test_linearise_matches_explicit_jacobians():
     x = torch.tensor([0.4, -0.2], dtype=torch.float64)
     x_tilde = {k: torch.randn(2, *v.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
                for k, v in theta.items()}
-    lin = ft.linearise(sde.coefficients, theta, x, x_tilde)
+    lin = ft.core.sensitivity.linearise(sde.coefficients, theta, x, x_tilde)
     mu_x = torch.autograd.functional.jacobian(lambda xx: sde.drift(theta, xx), x)
     for name, leaf in theta.items():
         def mu_of(p):

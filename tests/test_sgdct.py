@@ -33,7 +33,7 @@ def test_recovers_ou_parameters():
     mean; tolerances 0.15 and 0.1 (about 4 sd). The start (0.5, 0) is 0.5 and 1 away, and a wrong sign
     diverges, so neither passes."""
     ex = sgdct_ou(particles=16, dt=0.02, steps=5000, seed=0)
-    state, history = ex.train(ft.init(ex.sde, ex.theta, ex.x0, 1), ex.steps, seed=0)
+    state, history = ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(0))
     learned = ex.evaluate(state.theta)
     assert set(learned) == set(ex.reference)
     assert abs(learned["kappa"] - 1.0) < 0.15
@@ -46,11 +46,16 @@ def test_single_path_and_errors():
     assert increments.shape == (50, 1)
     model = ou_model(1.0)
     theta = {"kappa": torch.tensor(0.5, dtype=torch.float64), "mean": torch.tensor(0.0, dtype=torch.float64)}
-    state, history = sgdct.fit(model, sgdct.init(theta), torch.ones(1, dtype=torch.float64), increments, 0.02, 0.5,
-                               record_every=10)
+    problem = sgdct.DriftEstimation(model, single=True, increments=increments)
+    start = sgdct.as_state(sgdct.init(theta), torch.ones(1, dtype=torch.float64))
+    state, history = ft.run(problem, start, 50, 0.02, 0.5, save=ft.SaveAt(10))
     assert history.t.shape == (5,) and math.isfinite(float(state.theta["kappa"]))
-    with pytest.raises(ValueError, match="increments must have shape"):
-        sgdct.fit(model, sgdct.init(theta), torch.ones(1, dtype=torch.float64), increments[:, 0], 0.02, 0.5)
+    same, _ = ft.run(sgdct.DriftEstimation(model, single=True), start, 50, 0.02, 0.5, increments[:, None])
+    assert torch.equal(same.theta["kappa"], state.theta["kappa"])  # the data given to the problem, or as noise
+    with pytest.raises(ValueError, match="shape"):
+        ft.run(sgdct.DriftEstimation(model, single=True, increments=increments[:, :0]), start, 50, 0.02, 0.5)
+    with pytest.raises(AttributeError, match="sgdct.fit was removed in fwdtrain 0.3"):
+        sgdct.fit
     with pytest.raises(TypeError, match="SGDCTState"):
         sgdct.step(model, theta, torch.ones(1, dtype=torch.float64), increments[0], 0.02, 0.5)
     with pytest.raises(ValueError, match="dt must be positive"):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain._tree import leaves, tree_map
-from fwdtrain.sensitivity import linearise
+from fwdtrain.core._tree import leaves, tree_map
+from fwdtrain.core.sensitivity import linearise
 from conftest import nonlinear_2d
 
 DT = 0.01
@@ -119,16 +119,16 @@ def test_scalar_parameters_keep_their_dtype_under_a_float64_clock():
 def test_float32_clock_does_not_drift():
     ex = ft.examples.lqr_1d(particles=1)
     state = ft.init(ex.sde, ex.theta, ex.x0)
-    state, _ = ft.run(ex.sde, state, 3000, 0.01, 0.0, record_every=3000)
+    state, _ = ft.run(ex.sde, state, 3000, 0.01, 0.0, save=ft.SaveAt(3000))
     assert abs(float(state.t) - 30.0) < 1e-9
 
 
 def test_run_is_reproducible_from_a_seed():
     ex = ft.examples.lqr_1d(particles=8)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=8)
-    a, ha = ft.run(ex.sde, state, 150, ex.dt, ex.lr, seed=7, record_every=50)
-    b, hb = ft.run(ex.sde, state, 150, ex.dt, ex.lr, seed=7, record_every=50)
-    c, _ = ft.run(ex.sde, state, 150, ex.dt, ex.lr, seed=8, record_every=50)
+    a, ha = ft.run(ex.sde, state, 150, ex.dt, ex.lr, noise=7, save=ft.SaveAt(50))
+    b, hb = ft.run(ex.sde, state, 150, ex.dt, ex.lr, noise=7, save=ft.SaveAt(50))
+    c, _ = ft.run(ex.sde, state, 150, ex.dt, ex.lr, noise=8, save=ft.SaveAt(50))
     for left, right in zip(leaves((a, ha)), leaves((b, hb))):
         assert torch.equal(left, right)
     assert not torch.equal(a.x, c.x)
@@ -144,10 +144,10 @@ def test_memory_is_flat_over_20000_steps():
     sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x ** 2).sum())
     theta = {"k": torch.tensor([1.0])}
     state = ft.init(sde, theta, torch.ones(1), particles=4)
-    state, _ = ft.run(sde, state, 500, DT, 0.01, record_every=500, compile=False)  # warm-up: allocator, dispatch
+    state, _ = ft.run(sde, state, 500, DT, 0.01, compile=False, save=ft.SaveAt(500))  # warm-up: allocator, dispatch
     gc.collect()
     rss0, objects0 = _rss_bytes(), len(gc.get_objects())
-    state, _ = ft.run(sde, state, 20_000, DT, 0.01, record_every=20_000, compile=False)  # the eager loop
+    state, _ = ft.run(sde, state, 20_000, DT, 0.01, compile=False, save=ft.SaveAt(20_000))  # the eager loop
     gc.collect()
     grown = _rss_bytes() - rss0
     assert grown < 8 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 20,000 steps"

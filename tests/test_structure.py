@@ -5,10 +5,12 @@ import torch
 from torch.func import jacfwd
 
 import fwdtrain as ft
-from fwdtrain._tree import leaves, tree_map
-from fwdtrain.euler import euler_update, resolve_step_mode
-from fwdtrain.problem import check_noise_type
-from fwdtrain.sensitivity import control_sensitivity, linearise_particles
+from fwdtrain.core._tree import leaves, tree_map
+from fwdtrain.core.kernel import propagate
+from fwdtrain.core.sensitivity import Plan
+from fwdtrain.problems import CostForm
+from fwdtrain.core.problem import check_noise_type
+from fwdtrain.core.sensitivity import control_sensitivity, linearise_particles
 from test_sensitivity import _check_against_finite_differences
 
 F64 = torch.float64
@@ -117,7 +119,7 @@ def test_additive_skips_the_diffusion_derivative(problem, mode):
         assert linearise_particles(sde, theta, x, x_tilde, mode, route=route).total.sigma is None
     assert linearise_particles(inferred, theta, x, x_tilde, mode).total.sigma is not None
     state = ft.init(sde, theta, x)._replace(x_tilde=x_tilde)
-    dw = torch.randn(2, ft.state.noise_dim(sde, theta, x), dtype=F64, generator=torch.Generator().manual_seed(4))
+    dw = torch.randn(2, ft.core.state.noise_dim(sde, theta, x), dtype=F64, generator=torch.Generator().manual_seed(4))
     a = ft.step(sde, state, dw, 0.01, 0.3, mode=mode)
     b = ft.step(inferred, state, dw, 0.01, 0.3, mode=mode)
     for left, right in zip(leaves(a), leaves(b), strict=True):
@@ -158,23 +160,28 @@ def test_check_noise_type_infers_from_the_shape():
     assert check_noise_type(controlled("additive"), theta, x0) == "additive"
 
 
+def _mode(mode, state, sde):
+    """The derivative mode ``run`` and ``step`` take for this SDE and state."""
+    return CostForm(sde).plan(state, mode).mode
+
+
 def test_auto_picks_the_documented_route():
     theta, x0 = _theta(), torch.tensor([0.1, 0.2], dtype=F64)
     # structured: reverse costs k = 2 passes, forward p = 24: reverse
     sde = controlled("general")
-    assert resolve_step_mode("auto", ft.init(sde, theta, x0), 3, sde) == "reverse"
+    assert _mode("auto", ft.init(sde, theta, x0), sde) == "reverse"
     # structured with k = 5 control outputs and p = 1 parameter: forward
     wide = ft.ControlledSDE(lambda th, x: th["c"] * torch.ones(5, dtype=F64), lambda x, u: -x + u[:2],
                             lambda x, u: torch.ones(2, dtype=F64), lambda x, u: (u ** 2).sum())
     c = {"c": torch.tensor(0.3, dtype=F64)}
-    assert resolve_step_mode("auto", ft.init(wide, c, x0), 2, wide) == "forward"
+    assert _mode("auto", ft.init(wide, c, x0), wide) == "forward"
     # generic, d = 2, m = 2, p = 3: inferred counts d + d m + 1 = 7 > 3 (forward), additive d + 1 = 3 (reverse)
     theta3 = {"a": torch.tensor([-1.0, 0.3], dtype=F64), "w": torch.tensor(0.7, dtype=F64)}
     gen = lambda nt: ft.SDE(lambda th, x: -x + th["a"] * th["w"], lambda th, x: torch.ones(2, dtype=F64),
                             lambda th, x: (x ** 2).sum(), noise_type=nt)
-    assert resolve_step_mode("auto", ft.init(gen("additive"), theta3, x0), 2, gen("additive")) == "reverse"
-    assert resolve_step_mode("auto", ft.init(gen(None), theta3, x0), 2, gen(None)) == "forward"
-    assert resolve_step_mode("reverse", ft.init(gen(None), theta3, x0), 2, gen(None)) == "reverse"
+    assert _mode("auto", ft.init(gen("additive"), theta3, x0), gen("additive")) == "reverse"
+    assert _mode("auto", ft.init(gen(None), theta3, x0), gen(None)) == "forward"
+    assert _mode("reverse", ft.init(gen(None), theta3, x0), gen(None)) == "reverse"
 
 
 @pytest.mark.parametrize("particles", [1, 2])
@@ -190,9 +197,8 @@ def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
         state = ft.State(x0, tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_), theta_,
                          torch.zeros((), dtype=F64))
         for dw in noise_draws:
-            value, total = linearise_particles(sde, theta_, state.x, state.x_tilde, "reverse", route="structured")
-            x, x_tilde = euler_update(state, value, total, dw, 0.01)
-            state = ft.State(x, x_tilde, theta_, state.t + 0.01)
+            moved, _ = propagate(sde, state, dw, 0.01, Plan("reverse", "structured"))
+            state = moved._replace(t=state.t + 0.01)
         return state.x, state.x_tilde
 
     jacobian = jacfwd(lambda th: run(th)[0])(theta)
@@ -206,7 +212,7 @@ def test_reverse_jacobian_equals_jacrev(outputs):
     """Both branches (pullbacks unrolled for <= UNROLLED_ROWS numbers, vmapped beyond) equal torch.func.jacrev."""
     from torch.func import jacrev
 
-    from fwdtrain.sensitivity import UNROLLED_ROWS, reverse_jacobian
+    from fwdtrain.core.sensitivity import UNROLLED_ROWS, reverse_jacobian
 
     theta, x = _theta(), torch.tensor([0.3, -0.7], dtype=F64)
 
@@ -225,7 +231,7 @@ def test_reverse_jacobian_equals_jacrev(outputs):
 
 
 def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops():
-    from fwdtrain.sensitivity import structured_pays
+    from fwdtrain.core.sensitivity import structured_pays
 
     assert structured_pays("reverse", 1, 1, 2)          # lqr-1d: k = 1, n = d + 1 = 2 (a tie: structured)
     assert not structured_pays("reverse", 10, 10, 21)   # the 10-D LQR: k = d = 10, n = 21
@@ -235,14 +241,14 @@ def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops()
                               _diffusion_1, lambda x, u: (x ** 2).sum() + (u ** 2).sum())
     theta, x0 = _theta(), torch.tensor([0.5, -0.3], dtype=F64)
     state = ft.init(scalar, theta, x0)
-    assert resolve_step_mode("auto", state, 3, scalar) == "reverse"
+    assert _mode("auto", state, scalar) == "reverse"
     x_tilde = _random_sensitivity(theta, 1)
     auto = linearise_particles(scalar, theta, x0[None], x_tilde, "reverse")
     structured = linearise_particles(scalar, theta, x0[None], x_tilde, "reverse", route="structured")
     for left, right in zip(leaves(auto), leaves(structured), strict=True):
         assert torch.equal(left, right)  # the same computation: auto took the structured route
     with pytest.raises(ValueError, match="route must be"):
-        ft.linearise(scalar, theta, x0, tree_map(lambda t: t[0], x_tilde), "reverse", route="fast")
+        ft.core.sensitivity.linearise(scalar, theta, x0, tree_map(lambda t: t[0], x_tilde), "reverse", route="fast")
 
 
 def _drift_1(x, u):

@@ -13,7 +13,7 @@ def test_seed_problem_trains_to_the_lqr_optimum():
     ex = ft.examples.lqr_1d(seed=0)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=ex.particles)
     before = ex.evaluate(state.theta)
-    state, history = ft.run(ex.sde, state, ex.steps, ex.dt, ex.lr, seed=0, record_every=500)
+    state, history = ft.run(ex.sde, state, ex.steps, ex.dt, ex.lr, noise=0, save=ft.SaveAt(500))
     after = ex.evaluate(state.theta)  # a separate simulation with theta frozen (lr = 0)
     assert abs(before["slope"] + OPTIMUM) > 0.3 * OPTIMUM  # it starts far from the optimum
     assert abs(after["slope"] / -OPTIMUM - 1) < 0.10, after

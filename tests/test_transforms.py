@@ -11,8 +11,9 @@ import torch
 from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
 
 import fwdtrain as ft
-from fwdtrain import _checks, calibration, sgdct
-from fwdtrain.evaluate import average_cost
+from fwdtrain import calibration, sgdct
+from fwdtrain.core import _checks
+from fwdtrain.core.evaluate import average_cost
 from conftest import diagonal_2d, nonlinear_2d
 
 F64 = torch.float64
@@ -22,7 +23,7 @@ PROBLEMS = {"full": nonlinear_2d, "diagonal": diagonal_2d}
 
 
 def _noise(sde, theta, steps, particles, seed=0):
-    m = ft.noise_dim(sde, theta, X0.expand(particles, -1))
+    m = ft.core.state.noise_dim(sde, theta, X0.expand(particles, -1))
     generator = torch.Generator().manual_seed(seed)
     return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT ** 0.5
 
@@ -195,7 +196,7 @@ def test_vmap_over_schedule_parameters():
 def test_linearise_under_grad():
     sde, theta = nonlinear_2d()
     x_tilde = {name: torch.full((2, *leaf.shape), 0.1, dtype=F64) for name, leaf in theta.items()}
-    f = lambda th: ft.linearise(sde.coefficients, th, X0, x_tilde).total.cost["w"]  # noqa: E731
+    f = lambda th: ft.core.sensitivity.linearise(sde.coefficients, th, X0, x_tilde).total.cost["w"]  # noqa: E731
     reference = _central(f, theta)
     for name, g in grad(f)(theta).items():
         torch.testing.assert_close(g, reference[name], rtol=1e-6, atol=1e-8)
@@ -254,7 +255,12 @@ def test_compiled_kernel_runs_eagerly_under_transforms():
     with the same derivatives and no fallback warning (compilation stays on for plain calls)."""
     sde, theta = diagonal_2d()
     dws = _noise(sde, theta, 3, 2)
-    one_step = ft.compile_advance(sde, DT, "forward", backend="eager")
+    problem = ft.problems.CostForm(sde, ft.Euler(mode="forward"))
+    start = ft.init(sde, theta, X0, particles=2)
+    plan = problem.plan(start)
+    alpha = torch.tensor(0.1, dtype=F64)
+    one_step = ft.compile.function_kernel(lambda s, d, a: problem.advance(s, d, DT, a, plan), (start, dws[0], alpha),
+                                          key=(problem, plan, DT), options=ft.Compile(True, route="dynamo", backend="eager"))
 
     def f(th, advance):
         state = ft.init(sde, th, X0, particles=2)
@@ -374,10 +380,8 @@ def _controlled(outputs):
 def test_either_automatic_route_composes_with_the_users_transforms(outputs, structured, mode):
     """jacfwd/jacrev of the particles equal x_tilde and vmap over runs equals a loop, whichever route
     ``route="auto"`` took (the route decision reads shapes only)."""
-    from fwdtrain.sensitivity import _structured
-
     sde, theta = _controlled(outputs)
-    assert _structured(sde, theta, X0, "reverse") is structured
+    assert (sde.plan_at(theta, X0, "reverse").route == "structured") is structured
     dws = _noise(sde, theta, 20, 3)
     state = _run(sde, theta, dws, 0.0, mode)
     assert max(float(leaf.abs().max()) for leaf in state.x_tilde.values()) > 0.05

@@ -48,7 +48,7 @@ from ..core.state import with_optimizer
 from ..driver.checkpoint import check_compatible, load, save
 from ..driver.hooks import Checkpointing, Progress
 from ..driver.options import Checks, SaveAt
-from ..driver.run import run
+from ..driver.runner import run
 from ..problems import ensemble
 
 SCHEDULES = ("constant", "inverse-time", "staged")

@@ -47,6 +47,15 @@ class Traced(NamedTuple):
         return sorted(named.items())
 
 
+def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+# Autograd's formulas return "efficient" zero tensors for the gradients of constants (e.g. of ones_like(x));
+# traced with fake tensors they land on the meta device (torch 2.13): plain zeros in the graph instead.
+_DECOMPOSITIONS = {torch.ops.aten._efficientzerotensor.default: _zeros}
+
+
 def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
     """``fn(*example)`` recorded as a flat ATen graph over the leaves of ``example`` (fake tensors: nothing is
     computed). Raises what ``make_fx`` raises for code that is not a pure tensor program (e.g. ``.item()``)."""
@@ -59,7 +68,7 @@ def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
         out_spec[:] = [spec]
         return out_leaves
 
-    graph = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*leaves)
+    graph = make_fx(flat, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*leaves)
     return Traced(graph, in_spec, out_spec[0])
 
 

@@ -49,6 +49,13 @@ def as_compile(value: Any) -> Compile:
     if options.route not in ROUTES:
         raise ValueError(f"Compile(route=...) must be one of {ROUTES}, got {options.route!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
+    if options.route == "dynamo" and isinstance(options.backend, str):
+        import torch._dynamo  # only for this route: it takes a second to import
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if options.backend not in known:
+            raise ValueError(f"unknown torch.compile backend {options.backend!r}: compile takes True, False, \"auto\", "
+                             f"a fwdtrain.Compile(...) or a torch.compile backend name, one of {sorted(known)}")
     return options
 
 

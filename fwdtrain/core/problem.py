@@ -111,10 +111,10 @@ class SDE:
 
     def plan_at(self, theta: Theta, x: torch.Tensor, mode: str = "auto", route: str = "auto",
                 names: tuple[str, ...] = ("mu", "sigma", "cost")) -> Plan:
-        """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,)."""
-        if route == "structured":
-            raise ValueError(f"route='structured' needs a ControlledSDE (the control differentiated once), "
-                             f"got a {type(self).__name__}")
+        """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,);
+        an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored)."""
+        if route not in ("auto", "structured", "generic"):
+            raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
         return Plan(resolve_mode(mode, self.output_count(theta, x, names), size(theta)), "generic")
 
 

@@ -254,6 +254,21 @@ def linearise(problem: Linearisable | Callable[[Theta, torch.Tensor], Any], thet
                          Coefficients(total["mu"], total.get("sigma"), total["cost"]))
 
 
-__all__ = ["Coefficients", "Linearisation", "Plan", "Mode", "MODES", "Route", "ROUTES", "Terms", "reverse_jacobian",
+def linearise_particles(problem: Linearisable | Callable[[Theta, torch.Tensor], Any], theta: Theta, x: torch.Tensor,
+                        x_tilde: Any, mode: str = "reverse", route: Route = "auto") -> Linearisation:
+    """``linearise`` for N particles x (N, d) and x_tilde (leaves (N, d, *s)), shared theta: one ``vmap``; every
+    tensor gains a leading N. An "auto" route is decided once, at the first particle."""
+    if route == "auto" and hasattr(problem, "plan_at"):
+        route = problem.plan_at(theta, x[0], mode, route).route  # type: ignore[union-attr]
+
+    def one(xi: torch.Tensor, xti: Any) -> tuple[Terms, Terms]:
+        value, total = linearise(problem, theta, xi, xti, mode, route)
+        return dict(value._asdict()), {k: v for k, v in total._asdict().items() if v is not None}
+
+    value, total = over_particles(one, x, x_tilde)
+    return Linearisation(Coefficients(**value), Coefficients(total["mu"], total.get("sigma"), total["cost"]))
+
+
+__all__ = ["Coefficients", "Linearisation", "Plan", "linearise_particles", "Mode", "MODES", "Route", "ROUTES", "Terms", "reverse_jacobian",
            "linearise_generic", "linearise_structured", "control_sensitivity", "over_particles",
            "evaluate_particles", "structured_pays", "resolve_mode", "linearise"]

@@ -16,18 +16,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..core._tree import squared_norm, tree_map
-from ..driver.hooks import Hook
+from ..driver.hooks import Hook, Loop
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
 from .group import GroupError, all_reduce, group_mean, is_initialized, print_main, world_size
 from .reduce import GradientMean
-
-if TYPE_CHECKING:
-    from ..driver.loop import Loop
 
 
 class GroupHook(Hook):
@@ -51,11 +48,11 @@ class GroupHook(Hook):
     def reduce(self, gradient: Any) -> Any:
         return self.gradient(gradient)
 
-    def start(self, loop: "Loop") -> None:
+    def start(self, loop: Loop) -> None:
         self.last = (loop.carry.n, loop.carry.total)
         self._agree(loop, OK)
 
-    def _agree(self, loop: "Loop", code: int, cause: BaseException | None = None, at: int | None = None) -> None:
+    def _agree(self, loop: Loop, code: int, cause: BaseException | None = None, at: int | None = None) -> None:
         """One ``check_group`` at the loop's step (or, for a failed rank, with its last agreed state at step
         ``at``); on ``GroupError`` the last agreed state and history go with it."""
         carry, (good, noise) = loop.carry, loop.good
@@ -69,7 +66,7 @@ class GroupHook(Hook):
             raise stop from cause
         self.last, self.cost = (carry.n, carry.total), status.cost
 
-    def checked(self, loop: "Loop", ok: torch.Tensor) -> torch.Tensor:
+    def checked(self, loop: Loop, ok: torch.Tensor) -> torch.Tensor:
         if ok.ndim:  # members: a member runs on where it runs on every rank
             ok = _group_all(ok)
         passed = bool(ok.all()) if ok.ndim == 0 else bool(ok.any())
@@ -81,13 +78,13 @@ class GroupHook(Hook):
         cost, average = group_mean((values["cost"], values["average_cost"]), self.weight, what="the cost history")
         return {**values, "cost": cost, "average_cost": average}
 
-    def at(self, loop: "Loop") -> None:
+    def at(self, loop: Loop) -> None:
         carry = loop.carry
         norm = float(squared_norm(carry.info.gradient).sqrt()) if carry.info is not None else float("nan")
         print_main(f"step {carry.n:>8d}  t {float(carry.state.t.amax()):10.3f}  cost {self.cost:.5f}  "
                    f"|G| {norm:.3e}  ranks {world_size()}")
 
-    def failed(self, loop: "Loop", error: BaseException) -> None:
+    def failed(self, loop: Loop, error: BaseException) -> None:
         if isinstance(error, GroupError):
             return
         code = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED

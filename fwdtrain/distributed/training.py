@@ -11,7 +11,7 @@ from typing import Any
 
 from ..driver.hooks import Checkpointing, check_hooks
 from ..driver.options import check_checks
-from ..driver.run import Run, execute, setup
+from ..driver.runner import Run, execute, setup
 from .check import FAILED, check_group
 from .checkpoint import save_group
 from .group import GroupError, require_group

@@ -14,8 +14,8 @@ from .evaluate import CostEstimate, stationary_cost
 from .hooks import Callback, Checkpointing, GradientHook, Hook, Progress
 from .loop import Loop
 from .options import Checks, SaveAt
-from .run import Run, run, setup
+from .runner import Run, execute, run, setup
 
-__all__ = ["run", "Run", "setup", "SaveAt", "Checks", "Hook", "Callback", "GradientHook", "Progress",
+__all__ = ["run", "Run", "setup", "execute", "SaveAt", "Checks", "Hook", "Callback", "GradientHook", "Progress",
            "Checkpointing", "Loop", "Checkpoint", "save", "load", "check_compatible", "stationary_cost",
            "CostEstimate"]

@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -32,10 +32,30 @@ from ..core import _checks
 from ..core.errors import CheckpointError, CheckpointWriteError
 from ..core.history import History
 from ..core.state import State
-from .checkpoint import save
+from .checkpoint import save as save_checkpoint
 
-if TYPE_CHECKING:
-    from .loop import Loop
+
+class Loop(Protocol):
+    """What a hook sees of the running loop (``fwdtrain.driver.loop.Loop``)."""
+
+    carry: Any  # (state, n, total, info) where the loop stands
+    end: int  # the step it runs to
+    good: tuple[Any, dict]  # the carry of the last passed check, and its noise position
+
+    def history(self, c: Any = None, noise_state: dict | None = None, interrupted: bool = False) -> History:
+        """The records so far, stacked, continuing from carry ``c`` (default the current one)."""
+
+    def running_cost(self) -> torch.Tensor:
+        """(1/n) sum_k mean_i c(X_k) so far."""
+
+    def visible(self) -> State:
+        """The state a callback sees (frozen members at their frozen state)."""
+
+    def next_check(self, n: int) -> int:
+        """The first step after n at which the loop checks."""
+
+    def diverged(self, n: int) -> Exception:
+        """The DivergenceError of a failed check at step n."""
 
 
 class Hook:
@@ -45,14 +65,14 @@ class Hook:
     reduces_gradient = False
     needs_record = False  # its ``at`` steps are also checked and recorded (a checkpoint saves a checked state)
 
-    def start(self, loop: "Loop") -> None:
+    def start(self, loop: Loop) -> None:
         """Before the first step."""
 
     def reduce(self, gradient: Any) -> Any:
         """The gradient used for the update (called only when ``reduces_gradient``)."""
         return gradient
 
-    def checked(self, loop: "Loop", ok: torch.Tensor) -> torch.Tensor:
+    def checked(self, loop: Loop, ok: torch.Tensor) -> torch.Tensor:
         """After a divergence check of ``loop.carry.state``: ``ok`` the flags (0-d, or (E,) per member) that the
         loop acts on, returned as they are or combined (a group: passed on every rank)."""
         return ok
@@ -61,13 +81,13 @@ class Hook:
         """A record's {"cost", "average_cost"} before it is kept."""
         return values
 
-    def at(self, loop: "Loop") -> None:
+    def at(self, loop: Loop) -> None:
         """At every multiple of ``every`` steps."""
 
-    def failed(self, loop: "Loop", error: BaseException) -> None:
+    def failed(self, loop: Loop, error: BaseException) -> None:
         """A step raised ``error`` (KeyboardInterrupt included); raise to replace it."""
 
-    def end(self, loop: "Loop", interrupted: bool) -> None:
+    def end(self, loop: Loop, interrupted: bool) -> None:
         """After the last step (or an interrupt)."""
 
 
@@ -79,7 +99,7 @@ class Callback(Hook):
             raise TypeError(f"Callback(fn, every) needs a function (n, state) -> None, got {type(fn).__name__}")
         self.fn, self.every = fn, _checks.check_count(every, "Callback(every=...)")
 
-    def at(self, loop: "Loop") -> None:
+    def at(self, loop: Loop) -> None:
         self.fn(loop.carry.n, loop.visible())
 
     def __repr__(self) -> str:
@@ -119,26 +139,27 @@ class Progress(Hook):
     def __init__(self, every: int = 256, enabled: bool | None = True) -> None:
         self.every = _checks.check_count(every, "Progress(every=...)")
         self.enabled = enabled
-        self.bar: Any = None
+        self.shown = False
+        self.bar: Any = None  # a tqdm bar, or None for the carriage-return line
 
-    def start(self, loop: "Loop") -> None:
-        self.bar = None
-        if not progress_enabled(self.enabled) or loop.end == loop.carry.n:
+    def start(self, loop: Loop) -> None:
+        self.shown = progress_enabled(self.enabled) and loop.end > loop.carry.n
+        if not self.shown:
             return
         self.first, self.total, self.last, self.clock = loop.carry.n, loop.end - loop.carry.n, loop.carry.n, \
             time.perf_counter()
         try:
             from tqdm.auto import tqdm
         except ImportError:
-            self.bar = "line"
+            self.bar = None
         else:
             self.bar = tqdm(total=self.total, unit="step", file=sys.stderr, smoothing=0.1)
 
-    def at(self, loop: "Loop") -> None:
-        if self.bar is None:
+    def at(self, loop: Loop) -> None:
+        if not self.shown:
             return
         n, cost = loop.carry.n, float(loop.running_cost())
-        if self.bar == "line":
+        if self.bar is None:
             rate = (n - self.first) / max(time.perf_counter() - self.clock, 1e-9)
             sys.stderr.write(f"\rstep {n - self.first}/{self.total}  {rate:.0f} steps/s  cost {cost:.5g}")
             sys.stderr.flush()
@@ -147,15 +168,15 @@ class Progress(Hook):
             self.bar.update(n - self.last)
         self.last = n
 
-    def end(self, loop: "Loop", interrupted: bool) -> None:
-        if self.bar is None:
+    def end(self, loop: Loop, interrupted: bool) -> None:
+        if not self.shown:
             return
         self.at(loop)
-        if self.bar == "line":
+        if self.bar is None:
             sys.stderr.write("\n")
         else:
             self.bar.close()
-        self.bar = None
+        self.shown, self.bar = False, None
 
 
 def probe(path: str | os.PathLike) -> None:
@@ -191,7 +212,7 @@ class Checkpointing(Hook):
     needs_record = True
 
     def __init__(self, path: str | os.PathLike, every: int | None = None, metadata: dict | None = None, *,
-                 save: Saver = save) -> None:
+                 save: Saver | None = None) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"Checkpointing(path, ...) needs a file path, got {type(path).__name__}")
         if metadata is not None and not isinstance(metadata, dict):
@@ -199,20 +220,20 @@ class Checkpointing(Hook):
         self.path, self.metadata, self.save = path, metadata, save
         self.every = None if every is None else _checks.check_count(every, "Checkpointing(every=...)")
 
-    def start(self, loop: "Loop") -> None:
+    def start(self, loop: Loop) -> None:
         probe(self.path)
 
-    def at(self, loop: "Loop") -> None:
+    def at(self, loop: Loop) -> None:
         if loop.carry.n != loop.end:  # the end writes its own, after the last record
             self.write(loop.carry.state, loop.history())
 
-    def end(self, loop: "Loop", interrupted: bool) -> None:
+    def end(self, loop: Loop, interrupted: bool) -> None:
         self.write(loop.carry.state, loop.history(interrupted=interrupted))
 
     def write(self, state: State, history: History | None) -> None:
         """Save; an OSError becomes a ``CheckpointWriteError`` carrying ``state`` and ``history``."""
         try:
-            self.save(self.path, state, history, metadata=self.metadata)
+            (self.save or save_checkpoint)(self.path, state, history, metadata=self.metadata)
         except OSError as error:
             path = os.fspath(self.path)
             raise CheckpointWriteError(

@@ -172,7 +172,8 @@ class Loop:
         dt = float(self.stepping.dt)
         first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
         if culprit is not None:
-            detail = f"the {culprit} returned NaN or inf at the particles of step {first}"
+            detail = f"x, x_tilde or theta became non-finite{limit} at step {first}: the {culprit} returned NaN or " \
+                     f"inf at the particles of step {first - 1}"
         elif first < n:
             detail = f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem " \
                      f"was finite at step {first - 1})"
@@ -195,11 +196,9 @@ class Loop:
         block = source.draw(n - last.n)
         for i in range(n - last.n):
             culprit = self.problem.nonfinite(carry.state)
-            if culprit is not None:
-                return carry.n, culprit
             carry = eager.steps(carry, block, i, 1, lambda c: None)
             if not bool(self.problem.within(carry.state, self.checks.bound).all()):
-                return carry.n, self.problem.nonfinite(carry.state)
+                return carry.n, culprit
         return n, None
 
     def visible(self, c: Carry | None = None) -> State:

@@ -22,7 +22,6 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from .. import _compat
 from ..compile import policy
 from ..compile.kernels import FunctionKernel, LoopKernel, function_kernel, loop_kernel
 from ..compile.options import Compile
@@ -131,9 +130,10 @@ class Split:
 
 
 def _zero_info(s: Stepping, state: State, dw: torch.Tensor, alpha: torch.Tensor) -> StepInfo:
-    """A StepInfo of zeros shaped like the step's (the compiled loop's carry before its first step)."""
-    _, info = _compat.shapes_of(lambda st, d, a: s.problem.advance(st, d, s.dt, a, s.plan), state, dw, alpha)
-    return info
+    """A StepInfo of zeros shaped like the step's (the compiled loop's carry before its first step): one eager
+    step, its result discarded (fake tensors do not carry functorch's zero gradients in torch 2.13)."""
+    _, info = s.problem.advance(state, dw, s.dt, alpha, s.plan)
+    return tree_map(torch.zeros_like, info)
 
 
 def _template(s: Stepping, state: State, block: torch.Tensor) -> tuple[Any, Any]:
@@ -152,7 +152,7 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
     key = (s.problem, s.plan, s.dt)
     if s.reduce is not None:
         alpha = torch.as_tensor(s.schedule(state.t))
-        moved, info = _compat.shapes_of(lambda st, d: s.problem.propagate(st, d, s.dt, s.plan), state, block[0])
+        moved, info = s.problem.propagate(state, block[0], s.dt, s.plan)
         propagate = function_kernel(lambda st, d: s.problem.propagate(st, d, s.dt, s.plan), (state, block[0]),
                                     key=(*key, "propagate"), options=options, what="the step's first half")
         update = function_kernel(lambda m, g, a: s.problem.update(m, g, a, s.dt), (moved, info.gradient, alpha),

@@ -151,8 +151,8 @@ def step_with_info(
     try:
         check_solver(problem.solver, sde, state.theta, state.x[0])
         plan = problem.plan(state, mode)
-        if not compile:
-            return problem.advance(state, dw, dt, alpha, plan)
+        if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, alpha))):
+            return problem.advance(state, dw, dt, alpha, plan)  # eager; also inside the user's transform
     except Exception as error:
         explain_failure(sde, state, error)
         raise
