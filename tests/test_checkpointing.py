@@ -97,7 +97,7 @@ def test_cli_prints_the_results_when_the_final_save_fails(tiny, tmp_path, capsys
 
     monkeypatch.setattr(checkpointing, "save_checkpoint", full_disk)
     path = tmp_path / "ck.pt"
-    assert cli.main(["tiny", "--no-plot", "--checkpoint", str(path)]) == cli.EXIT_CHECKPOINT == 4
+    assert cli.main(["tiny", "--no-plot", "--checkpoint", str(path)]) == cli.app.EXIT_CHECKPOINT == 4
     captured = capsys.readouterr()
     assert "steps 40" in captured.out and "checkpoint NOT saved" in captured.out
     assert str(path) in captured.err and "No space left" in captured.err

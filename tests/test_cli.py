@@ -10,6 +10,8 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli, examples, plotting
+from fwdtrain.cli import configure, parser
+from fwdtrain.cli import train as cli_train
 from fwdtrain.examples import Example, linear_slope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,15 +96,15 @@ def test_divergence_exits_3_and_keeps_the_last_finite_state(registry, tmp_path, 
 
 
 def test_interrupt_prints_results_and_saves(registry, tmp_path, capsys, monkeypatch):
-    real_run = cli.run
+    real_run = cli_train.run
 
-    def interrupted_run(*args, **kwargs):
+    def interrupted_run(*args, hooks=(), **kwargs):
         def stop(n, state):
             if n == 20:
                 raise KeyboardInterrupt
-        return real_run(*args, callback=stop, callback_every=10, **kwargs)
+        return real_run(*args, hooks=(*hooks, ft.driver.Callback(stop, 10)), **kwargs)
 
-    monkeypatch.setattr(cli, "run", interrupted_run)
+    monkeypatch.setattr(cli_train, "run", interrupted_run)
     path = tmp_path / "ck.pt"
     assert cli.main(["tiny", "--checkpoint", str(path), "--no-plot"]) == 130
     out = capsys.readouterr().out
@@ -120,19 +122,19 @@ def test_without_matplotlib_it_says_how_to_get_plots(registry, tmp_path, capsys,
 def test_learning_rate_options():
     ex = tiny(lr=0.5)
     t = torch.tensor(20.0, dtype=torch.float64)
-    own, lr0 = cli._learning_rate(ex, None, None, 50.0)
+    own, lr0 = configure.learning_rate(ex, None, None, 50.0)
     assert own is ex.lr and lr0 == 0.5
-    scaled, lr0 = cli._learning_rate(ex._replace(lr=ft.schedules.inverse_time(10.0, 20.0)), 0.25, None, 50.0)
+    scaled, lr0 = configure.learning_rate(ex._replace(lr=ft.schedules.inverse_time(10.0, 20.0)), 0.25, None, 50.0)
     assert lr0 == 0.25 and float(scaled(t)) == pytest.approx(0.125)  # the problem's shape, starting at 0.25
-    inverse, lr0 = cli._learning_rate(ex, None, "inverse-time", 20.0)
+    inverse, lr0 = configure.learning_rate(ex, None, "inverse-time", 20.0)
     assert lr0 == 0.5 and float(inverse(t)) == pytest.approx(0.25)
-    staged, _ = cli._learning_rate(ex, 0.4, "staged", 50.0)
+    staged, _ = configure.learning_rate(ex, 0.4, "staged", 50.0)
     assert float(staged(torch.tensor(60.0))) == pytest.approx(0.2)
 
 
 def test_default_problem_and_help(capsys):
-    assert cli._with_default_problem([]) == [examples.DEFAULT]
-    assert cli._with_default_problem(["--steps", "5"]) == [examples.DEFAULT, "--steps", "5"]
+    assert parser.with_problem([]) == [examples.DEFAULT]
+    assert parser.with_problem(["--steps", "5"]) == [examples.DEFAULT, "--steps", "5"]
     assert cli.main(["--help"]) == 0
     assert "lqr-1d" in capsys.readouterr().out
     assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()

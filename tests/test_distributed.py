@@ -69,21 +69,23 @@ def _train_worker(particles: list[int], every: int, repeats: int):
     for _ in range(repeats):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10,
-                                               every=every, check_every=10, verbose=True)
+            final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, save=ft.SaveAt(10),
+                                               every=every, checks=ft.Checks(10), verbose=True)
         runs.append((final, history, out.getvalue()))
     return runs, _composed_loop(ex, state, every)
 
 
 def _composed_loop(ex, state, every):
-    """The pieces in the plain driver: fwdtrain.run with seed=rank_seed(seed), reduce=gradient_mean(...)
-    and check_group as a callback; and in one's own loop over advance with the same noise."""
-    reduce = D.gradient_mean(every, weight=state.particles)
-    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, noise=D.rank_seed(SEED), save=ft.SaveAt(10), hooks=(ft.driver.Callback(lambda n, s: D.check_group(s, n), 10), ft.driver.GradientHook(reduce)))
+    """The pieces: fwdtrain.run with noise=rank_seed(seed) and a GroupHook; and one's own loop over the kernel's
+    advance with reduce=gradient_mean(...) and the same noise."""
+    hook = D.GroupHook(state.particles, every=every)
+    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, D.rank_seed(SEED), save=ft.SaveAt(10), checks=ft.Checks(10),
+                      hooks=(hook,))
     reduce = D.gradient_mean(every, weight=state.particles)
     noise = ft.noise.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
+    plan = ft.problems.CostForm(ex.sde).plan(state)
     for dw in noise:
-        state, _ = advance(ex.sde, state, dw, DT, LR, "reverse", reduce=reduce)
+        state, _ = advance(ex.sde, state, dw, DT, LR, plan, reduce=reduce)
     return final, state
 
 
@@ -139,13 +141,13 @@ def _failures_worker():
     if D.rank() == 1:
         theta["weight1"] = theta["weight1"] + 1e-9
     state = ft.init(sde, theta, ex.x0, particles=2)
-    outcomes["theta"] = _outcome(lambda: D.distributed_run(sde, state, 20, DT, LR, seed=SEED, check_every=5))
+    outcomes["theta"] = _outcome(lambda: D.distributed_run(sde, state, 20, DT, LR, seed=SEED, checks=ft.Checks(5)))
     dt = -1.0 if D.rank() == 1 else DT  # bad input on one rank only
     outcomes["input"] = _outcome(lambda: D.distributed_run(sde, state._replace(theta=ex.theta), 20, dt, LR))
     for action in ("raise", "nan"):
         ex, sde = _faulty_problem(action)
         state = ft.init(sde, ex.theta, ex.x0, particles=2)
-        outcomes[action] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5))
+        outcomes[action] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5)))
     # the small collectives
     outcomes["broadcast"] = D.broadcast({"a": torch.full((2,), float(D.rank()))})["a"].tolist()
     outcomes["mean"] = D.group_mean(torch.tensor([float(D.rank())]), weight=D.rank() + 1).item()
@@ -160,7 +162,7 @@ def _failures_worker():
 def _abandon_worker(action: str):
     ex, sde = _faulty_problem(action, after=5)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
-    return _outcome(lambda: D.distributed_run(sde, state, 1000, DT, LR, seed=SEED, check_every=100))
+    return _outcome(lambda: D.distributed_run(sde, state, 1000, DT, LR, seed=SEED, checks=ft.Checks(100)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,15 +221,15 @@ def test_bad_arguments():
         D.gradient_mean(weight=-1.0)
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
-    with pytest.raises(ValueError, match="check_every"):
-        D.distributed_run(ex.sde, state, 10, DT, LR, check_every=0)
+    with pytest.raises(ValueError, match=r"Checks\(every=...\)"):
+        D.distributed_run(ex.sde, state, 10, DT, LR, checks=ft.Checks(0))
 
 
 @pytest.mark.parametrize("every", [1, 3])
 def test_single_process_matches_the_reference(every):
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=3)
-    final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, record_every=10, every=every)
+    final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, save=ft.SaveAt(10), every=every)
     reference, costs = _reference([3], STEPS, every)
     for got, want in zip(ft.core._tree.leaves(final), ft.core._tree.leaves(reference)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
@@ -240,8 +242,8 @@ def test_single_process_divergence_is_a_group_error():
     sde = ft.ControlledSDE(ex.sde.control, _Fault(3, "nan"), ex.sde.controlled_diffusion, ex.sde.controlled_cost)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
     with pytest.raises(D.GroupError, match="rank 0 diverged: x, x_tilde or theta became non-finite") as caught:
-        D.distributed_run(sde, state, 20, DT, LR, check_every=5)
-    assert caught.value.step == 5 and caught.value.reason == "non-finite"
+        D.distributed_run(sde, state, 20, DT, LR, checks=ft.Checks(5))
+    assert caught.value.step == 1 and caught.value.reason == "non-finite"  # the first check: after the first step
     assert isinstance(caught.value.__cause__, ft.DivergenceError)
     assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
     assert caught.value.history.steps == 0 and caught.value.history.noise is not None
@@ -253,17 +255,17 @@ def test_interrupt_returns_the_last_checked_state_and_saves_it(tmp_path):
                            ex.sde.controlled_cost)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
     path = tmp_path / "ck.pt"
-    final, history = D.distributed_run(sde, state, 30, DT, LR, seed=SEED, check_every=5, record_every=5,
-                                       checkpoint=path)
+    final, history = D.distributed_run(sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5), save=ft.SaveAt(5),
+                                       hooks=(ft.Checkpointing(path),))
     assert bool(history.interrupted) and history.steps == int(round(float(final.t) / DT)) and history.steps % 5 == 0
     saved = D.load_group(path)
     assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves((saved.state, saved.history.step)),
                                                   ft.core._tree.leaves((final, history.step))))
     # continuing the saved run equals the run never interrupted
     plain = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
-    whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, check_every=5, record_every=5)
-    rest, _ = D.distributed_run(ex.sde, saved.state, 30 - history.steps, DT, LR, seed=SEED, check_every=5,
-                                record_every=5, history=saved.history)
+    whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, checks=ft.Checks(5), save=ft.SaveAt(5))
+    rest, _ = D.distributed_run(ex.sde, (saved.state, saved.history), 30 - history.steps, DT, LR, seed=SEED,
+                                checks=ft.Checks(5), save=ft.SaveAt(5))
     assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(rest), ft.core._tree.leaves(whole)))
 
 
@@ -461,9 +463,10 @@ def _compiled_worker(particles: int):
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for name, options in (("eager", {}), ("compiled", {"compile": "eager"}),
-                              ("fused", {"compile": "eager", "fuse": 4})):
-            out[name] = D.distributed_run(ex.sde, state, 20, DT, LR, seed=SEED, record_every=10, check_every=10,
+        quick = ft.Compile(True, route="dynamo", backend="eager")
+        for name, options in (("eager", {"compile": False}), ("compiled", {"compile": quick}),
+                              ("chunked", {"compile": quick._replace(chunk=4)})):
+            out[name] = D.distributed_run(ex.sde, state, 20, DT, LR, seed=SEED, save=ft.SaveAt(10), checks=ft.Checks(10),
                                           **options)
     out["fallbacks"] = [str(w.message) for w in caught if "eagerly instead" in str(w.message)]
     return out
@@ -474,12 +477,12 @@ def test_compile_and_fuse_under_a_group_equal_the_eager_run():
     for out in ranks:
         assert out["fallbacks"] == []  # compiled, not fallen back to eager
         eager_state, eager_history = out["eager"]
-        for name in ("compiled", "fused"):
+        for name in ("compiled", "chunked"):
             state, history = out[name]
             for a, b in zip(ft.core._tree.leaves((eager_state, eager_history.cost)), ft.core._tree.leaves((state, history.cost))):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
-    theta0 = ft.core._tree.leaves(ranks[0]["fused"][0].theta)
-    assert all(torch.equal(a, b) for a, b in zip(theta0, ft.core._tree.leaves(ranks[1]["fused"][0].theta)))
+    theta0 = ft.core._tree.leaves(ranks[0]["chunked"][0].theta)
+    assert all(torch.equal(a, b) for a, b in zip(theta0, ft.core._tree.leaves(ranks[1]["chunked"][0].theta)))
 
 
 def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
@@ -491,11 +494,16 @@ def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
         port = probe.getsockname()[1]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    argv = [sys.executable, "-m", "fwdtrain", "lqr-1d", "--steps", "10000000", "--no-plot"]
+    started = tmp_path / "started.pt"  # rank 0 writes it at step 20: both ranks are then training
+    argv = [sys.executable, "-m", "fwdtrain", "lqr-1d", "--steps", "10000000", "--no-plot", "--no-compile",
+            "--checkpoint", str(started), "--checkpoint-every", "20"]
     ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in range(2)]
     try:
-        time.sleep(15)
+        deadline = time.monotonic() + 300  # a condition to wait for, with a generous bound: never a fixed sleep
+        while not started.exists() and time.monotonic() < deadline and all(p.poll() is None for p in ranks):
+            time.sleep(0.2)
+        assert started.exists(), "the group did not start training"
         ranks[0].send_signal(signal.SIGKILL)
         _, err = ranks[1].communicate(timeout=180)
     finally:

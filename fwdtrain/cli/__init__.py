@@ -1,5 +1,13 @@
-"""The command line: ``python -m fwdtrain [problem] [options]``."""
+"""The command line: ``python -m fwdtrain [PROBLEM] [options]`` (``main``).
 
-from .train import build_parser, main
+- ``parser``: the options, one subcommand per built-in problem;
+- ``configure``: options (and a checkpoint to resume) to a ``Job``, every path probed before any step;
+- ``train``: the job through ``fwdtrain.run`` (one run, an ensemble, or every rank of a group);
+- ``report``: the results as a table or one JSON object, and the plot;
+- ``app``: ``main``, the entry point, and its exit statuses.
+"""
+
+from .app import main
+from .parser import build_parser
 
 __all__ = ["main", "build_parser"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..driver.hooks import Checkpointing, check_hooks
 from ..driver.options import check_checks
-from ..driver.runner import Run, execute, setup
+from ..driver.runner import Run, execute, setup, split_start
 from .check import FAILED, check_group
 from .checkpoint import save_group
 from .group import GroupError, require_group
@@ -52,8 +52,8 @@ def distributed_run(problem: Any, start: Any, steps: int, dt: float, lr: Any, se
     require_group()
     checks = check_checks(options.get("checks"))
     hooks = _group_checkpoints(check_hooks(options.pop("hooks", ())), every)
-    state = start[0] if isinstance(start, tuple) else start
-    first = start[1].steps if isinstance(start, tuple) and start[1] is not None else 0
+    state, history = split_start(start)
+    first = history.steps if history is not None else 0
     try:
         group = GroupHook(state.particles, every=every, start=first, verbose=verbose, report_every=checks.every)
         loop = setup(problem, start, steps, dt, lr, rank_seed(seed), hooks=(group, *hooks), **options)

@@ -179,24 +179,24 @@ class Progress(Hook):
         self.shown, self.bar = False, None
 
 
-def probe(path: str | os.PathLike) -> None:
-    """Raise ``CheckpointError`` unless a checkpoint can be written at ``path``: its folder exists and a
+def probe(path: str | os.PathLike, what: str = "checkpoint") -> None:
+    """Raise ``CheckpointError`` unless a file (a ``what``) can be written at ``path``: its folder exists and a
     file can be created and removed there (checked by doing so)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise CheckpointError(f"the checkpoint path {path!r} is a folder; name a file, e.g. "
-                              f"{os.path.join(path, 'run.pt')!r}")
+        raise CheckpointError(f"the {what} path {path!r} is a folder; name a file, e.g. "
+                              f"{os.path.join(path, 'run.pt' if what == 'checkpoint' else 'run.png')!r}")
     if not os.path.isdir(folder):
-        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
-        raise CheckpointError(f"cannot write the checkpoint {path!r}: its folder {folder!r} {what}; "
+        state = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise CheckpointError(f"cannot write the {what} {path!r}: its folder {folder!r} {state}; "
                               f"create the folder or choose another path")
     try:
         fd, trial = tempfile.mkstemp(prefix=".probe-" + os.path.basename(path) + "-", dir=folder)
         os.close(fd)
         os.unlink(trial)
     except OSError as error:
-        raise CheckpointError(f"cannot write the checkpoint {path!r}: the folder {folder!r} is not writable "
+        raise CheckpointError(f"cannot write the {what} {path!r}: the folder {folder!r} is not writable "
                               f"({error.strerror or error}); choose another path") from None
 
 

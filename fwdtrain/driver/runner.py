@@ -40,7 +40,7 @@ class Run(NamedTuple):
     history: History
 
 
-def _start(start: Any) -> tuple[State, History | None]:
+def split_start(start: Any) -> tuple[State, History | None]:
     """(state, history) from a ``State``, a ``Run`` or ``Checkpoint`` to continue, or a (state, history) pair."""
     if isinstance(start, State):
         return start, None
@@ -104,7 +104,7 @@ def setup(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noi
     step (0 for a new run) and ending ``steps`` later; the hooks' ``start`` has run. Nothing is stepped."""
     steps = _checks.check_count(steps, "steps", minimum=0)
     save, checks, options, hooks = check_save(save), check_checks(checks), as_compile(compile), check_hooks(hooks)
-    state, history = _start(start)
+    state, history = split_start(start)
     trainable: Trainable = as_trainable(problem, solver, optimizer)
     trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
     schedule = trainable.schedule(lr, state)
@@ -202,4 +202,4 @@ def execute(loop: Loop) -> Run:
     return result
 
 
-__all__ = ["Run", "run", "setup", "execute"]
+__all__ = ["Run", "run", "setup", "execute", "split_start"]

@@ -28,7 +28,7 @@ def linear_control_cost(k: float) -> float:
     return (1 + k * k) / (2 * (1 + k))
 
 
-@summary("the user's 1-D LQR: dX = (-X + u) dt + dW, cost X^2 + u^2, u a small MLP")
+@summary("the seed problem's 1-D LQR: dX = (-X + u) dt + dW, cost X^2 + u^2, u a small MLP")
 def lqr_1d(
     *,
     hidden: int = 16,
