@@ -25,8 +25,8 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -42,12 +42,15 @@ DT = 0.01
 def problems(hidden: int = 16) -> dict[str, ft.SDE]:
     """The 1-D LQR four ways: generic / structure-aware route, inferred / additive noise."""
     controlled = ft.examples.lqr_1d(hidden=hidden).sde
-    b, s, r, f = (controlled.controlled_drift, controlled.controlled_diffusion, controlled.controlled_cost,
-                  controlled.control)
+    b, s, r, f = (
+        controlled.controlled_drift,
+        controlled.controlled_diffusion,
+        controlled.controlled_cost,
+        controlled.control,
+    )
     return {
         "generic SDE, inferred noise": ft.SDE(controlled.drift, controlled.diffusion, controlled.cost),
-        "generic SDE, additive": ft.SDE(controlled.drift, controlled.diffusion, controlled.cost,
-                                        noise_type="additive"),
+        "generic SDE, additive": ft.SDE(controlled.drift, controlled.diffusion, controlled.cost, noise_type="additive"),
         "ControlledSDE, inferred noise": ft.ControlledSDE(f, b, s, r),
         "ControlledSDE, additive": ft.ControlledSDE(f, b, s, r, noise_type="additive"),
     }
@@ -124,8 +127,13 @@ def main(argv: list[str] | None = None) -> dict:
         rates = measure(variants, steps, repeats)
         for name, rate in rates.items():
             n = 1 if name == "seed loop" else particles
-            row = {"particles": particles, "variant": name, "steps_per_s": rate,
-                   "particle_steps_per_s": rate * n, "ratio_to_seed": rate / rates["seed loop"]}
+            row = {
+                "particles": particles,
+                "variant": name,
+                "steps_per_s": rate,
+                "particle_steps_per_s": rate * n,
+                "ratio_to_seed": rate / rates["seed loop"],
+            }
             rows.append(row)
             print(f"{particles:>4} {name:34s} {rate:9.0f} {rate * n:17.0f} {row['ratio_to_seed']:8.2f}")
     payload = {"steps": steps, "repeats": repeats, "threads": args.threads, "rows": rows}

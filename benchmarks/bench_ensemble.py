@@ -54,43 +54,64 @@ def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, ba
         return ft.noise.BrownianNoise((particles, m), dt, seed=e)
 
     single = ft.compile_steps(sde, dt, lr, "reverse", fuse, backend=backend)
-    batched = ft.compile_steps(ensemble.Ensemble(sde, members), dt, ensemble.rates(lr, members), "reverse", fuse,
-                               backend=backend)
+    batched = ft.compile_steps(
+        ensemble.Ensemble(sde, members), dt, ensemble.rates(lr, members), "reverse", fuse, backend=backend
+    )
     _, single_compile = _timed(lambda: single(states[0], noise(0).draw(fuse)))
-    _, batched_compile = _timed(lambda: batched(stacked, ensemble.EnsembleNoise([noise(e) for e in range(members)])
-                                                .draw(fuse)))
+    _, batched_compile = _timed(
+        lambda: batched(stacked, ensemble.EnsembleNoise([noise(e) for e in range(members)]).draw(fuse))
+    )
     times: dict[str, list[float]] = {"single": [], "sequential": [], "ensemble": []}
     for _ in range(rounds):
         _, seconds = _timed(lambda: _advance(single, states[0], noise(0), steps, fuse))
         times["single"].append(seconds)
         _, seconds = _timed(lambda: [_advance(single, states[e], noise(e), steps, fuse) for e in range(members)])
         times["sequential"].append(seconds)
-        final, seconds = _timed(lambda: _advance(batched, stacked, ensemble.EnsembleNoise(
-            [noise(e) for e in range(members)]), steps, fuse))
+        final, seconds = _timed(
+            lambda: _advance(batched, stacked, ensemble.EnsembleNoise([noise(e) for e in range(members)]), steps, fuse)
+        )
         times["ensemble"].append(seconds)
     alone = _advance(single, states[-1], noise(members - 1), steps, fuse)
-    agree = max(float((a - b).abs().max()) for a, b in zip(ft.core._tree.leaves(ensemble.member(final, members - 1)),
-                                                             ft.core._tree.leaves(alone)))
+    agree = max(
+        float((a - b).abs().max())
+        for a, b in zip(ft.core._tree.leaves(ensemble.member(final, members - 1)), ft.core._tree.leaves(alone))
+    )
     runs = {"single": 1, "sequential": members, "ensemble": members}
     median = {name: statistics.median(values) for name, values in times.items()}
     sequential_rate = members * steps / median["sequential"]
     rows = []
     for name, seconds in median.items():
         rate = runs[name] * steps / seconds
-        rows.append({"variant": name, "members": runs[name], "particles": particles, "steps": steps, "fuse": fuse,
-                     "seconds": seconds, "member_steps_per_s": rate, "vs_sequential": rate / sequential_rate,
-                     "compile_s": {"single": single_compile, "sequential": single_compile,
-                                   "ensemble": batched_compile}[name], "max_member_difference": agree})
+        rows.append(
+            {
+                "variant": name,
+                "members": runs[name],
+                "particles": particles,
+                "steps": steps,
+                "fuse": fuse,
+                "seconds": seconds,
+                "member_steps_per_s": rate,
+                "vs_sequential": rate / sequential_rate,
+                "compile_s": {"single": single_compile, "sequential": single_compile, "ensemble": batched_compile}[
+                    name
+                ],
+                "max_member_difference": agree,
+            }
+        )
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'work':<16}{'variant':<12}{'members':>8}{'seconds':>10}{'member-steps/s':>16}{'vs sequential':>15}"
-             f"{'compile s':>11}"]
+    lines = [
+        f"{'work':<16}{'variant':<12}{'members':>8}{'seconds':>10}{'member-steps/s':>16}{'vs sequential':>15}"
+        f"{'compile s':>11}"
+    ]
     for row in rows:
-        lines.append(f"{'lqr-1d N=' + str(row['particles']):<16}{row['variant']:<12}{row['members']:>8}"
-                     f"{row['seconds']:>10.3f}{row['member_steps_per_s']:>16,.0f}{row['vs_sequential']:>14.2f}x"
-                     f"{row['compile_s']:>11.1f}")
+        lines.append(
+            f"{'lqr-1d N=' + str(row['particles']):<16}{row['variant']:<12}{row['members']:>8}"
+            f"{row['seconds']:>10.3f}{row['member_steps_per_s']:>16,.0f}{row['vs_sequential']:>14.2f}x"
+            f"{row['compile_s']:>11.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -115,9 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         rows += measure(args.members, particles, args.steps, args.fuse, args.rounds, backend)
     print(table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "backend": backend, "threads": torch.get_num_threads(),
-                                    "machine": platform.processor() or platform.machine(),
-                                    "cpus": os.cpu_count(), "torch": torch.__version__}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "backend": backend,
+                "threads": torch.get_num_threads(),
+                "machine": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+                "torch": torch.__version__,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--particles", type=int, default=1)
-    parser.add_argument("--variant", choices=("fused", "compiled", "eager"), default=None,
-                        help="default: fused (eager if --quick)")
+    parser.add_argument(
+        "--variant", choices=("fused", "compiled", "eager"), default=None, help="default: fused (eager if --quick)"
+    )
     parser.add_argument("--chunk", type=int, default=None, help="steps per fused call / noise block")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_memory.json")
@@ -77,8 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
         def run_chunk(state, noise):
             return fused(state, noise)
     else:
-        one = (compile_advance(sde, dt, mode, backend=backend) if args.variant == "compiled"
-               else (lambda s, dw, a: advance(sde, s, dw, dt, a, mode)))
+        one = (
+            compile_advance(sde, dt, mode, backend=backend)
+            if args.variant == "compiled"
+            else (lambda s, dw, a: advance(sde, s, dw, dt, a, mode))
+        )
 
         def run_chunk(state, noise):
             for dw in noise:
@@ -103,19 +107,31 @@ def main(argv: list[str] | None = None) -> dict:
     elapsed = time.perf_counter() - start
     second_half = [p for p in samples if p[0] >= steps // 2] or samples
     result = {
-        "variant": args.variant, "backend": backend, "chunk": chunk, "particles": args.particles, "steps": steps,
-        "warmup_s": warmup_s, "seconds": elapsed, "steps_per_s": steps / elapsed,
-        "rss_after_warmup_mib": rss0 / 1024, "rss_max_mib": max(r for _, r in samples) / 1024,
+        "variant": args.variant,
+        "backend": backend,
+        "chunk": chunk,
+        "particles": args.particles,
+        "steps": steps,
+        "warmup_s": warmup_s,
+        "seconds": elapsed,
+        "steps_per_s": steps / elapsed,
+        "rss_after_warmup_mib": rss0 / 1024,
+        "rss_max_mib": max(r for _, r in samples) / 1024,
         "rss_final_mib": samples[-1][1] / 1024,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "slope_kib_per_100k_steps": slope_kib_per_100k(second_half),
-        "final_t": float(state.t), "samples": samples,
+        "final_t": float(state.t),
+        "samples": samples,
     }
-    print(f"{args.variant} ({backend}, chunk {chunk}), N = {args.particles}: {steps:,} steps in {elapsed:.1f} s "
-          f"({steps / elapsed:,.0f} steps/s) after {warmup_s:.1f} s warm-up")
-    print(f"RSS after warm-up {result['rss_after_warmup_mib']:.1f} MiB, max {result['rss_max_mib']:.1f} MiB, "
-          f"final {result['rss_final_mib']:.1f} MiB, process peak {result['peak_rss_mib']:.1f} MiB; "
-          f"slope over the second half {result['slope_kib_per_100k_steps']:+.1f} KiB per 10^5 steps")
+    print(
+        f"{args.variant} ({backend}, chunk {chunk}), N = {args.particles}: {steps:,} steps in {elapsed:.1f} s "
+        f"({steps / elapsed:,.0f} steps/s) after {warmup_s:.1f} s warm-up"
+    )
+    print(
+        f"RSS after warm-up {result['rss_after_warmup_mib']:.1f} MiB, max {result['rss_max_mib']:.1f} MiB, "
+        f"final {result['rss_final_mib']:.1f} MiB, process peak {result['peak_rss_mib']:.1f} MiB; "
+        f"slope over the second half {result['slope_kib_per_100k_steps']:+.1f} KiB per 10^5 steps"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -23,8 +23,9 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -40,7 +41,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 class Variant(NamedTuple):
     name: str
-    chunk: Callable[[], None]   # advances its own state by `steps_per_chunk` steps
+    chunk: Callable[[], None]  # advances its own state by `steps_per_chunk` steps
     steps_per_chunk: int
     particles: int
     compile_s: float | None
@@ -57,8 +58,9 @@ def _timed(fn: Callable[[], object]) -> tuple[object, float]:
     return out, time.perf_counter() - start
 
 
-def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, backend: str,
-                   fused: bool, scan: bool) -> list[Variant]:
+def torch_variants(
+    problem: problems.Problem, particles: int, chunk_steps: int, backend: str, fused: bool, scan: bool
+) -> list[Variant]:
     """fwdtrain eager, compiled (one step per call), fused (K steps per call) and, optionally, scan."""
     sde, dt = problem.sde, problem.dt
     lr = ft.schedules.constant(problem.lr)
@@ -81,8 +83,11 @@ def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, 
 
         return chunk
 
-    variants = [Variant("fwdtrain eager", per_step(lambda s, dw, a: advance(sde, s, dw, dt, a, mode)),
-                        chunk_steps, particles, None)]
+    variants = [
+        Variant(
+            "fwdtrain eager", per_step(lambda s, dw, a: advance(sde, s, dw, dt, a, mode)), chunk_steps, particles, None
+        )
+    ]
     one = compile_advance(sde, dt, mode, backend=backend)
     _, seconds = _timed(lambda: one(state0, noise()[0], lr(state0.t)))
     variants.append(Variant("fwdtrain compiled", per_step(one), chunk_steps, particles, seconds))
@@ -103,12 +108,13 @@ def torch_variants(problem: problems.Problem, particles: int, chunk_steps: int, 
         scanned = compile_scan(sde, dt, lr, mode, backend=backend)
         try:
             _, seconds = _timed(lambda: scanned(state0, noise()))
-        except Exception as error:  # noqa: BLE001 - a prototype primitive: report, do not stop the benchmark
+        except Exception as error:
             reason = " ".join(line.strip() for line in str(error).splitlines()[:3])[:300]
             print(f"  torch scan failed: {type(error).__name__}: {reason}")
         else:
-            variants.append(Variant(f"fwdtrain scan K={chunk_steps}", whole_chunk(scanned), chunk_steps,
-                                    particles, seconds))
+            variants.append(
+                Variant(f"fwdtrain scan K={chunk_steps}", whole_chunk(scanned), chunk_steps, particles, seconds)
+            )
     return variants
 
 
@@ -205,8 +211,10 @@ def work_sizes(quick: bool) -> list[tuple[str, int, int]]:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'work':<16}{'variant':<26}{'particle-steps/s':>18}{'us/step':>11}{'compile s':>11}"
-              f"{'x seed':>9}{'x jax':>8}{'x hand':>8}{'peak RSS MB':>13}")
+    header = (
+        f"{'work':<16}{'variant':<26}{'particle-steps/s':>18}{'us/step':>11}{'compile s':>11}"
+        f"{'x seed':>9}{'x jax':>8}{'x hand':>8}{'peak RSS MB':>13}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -214,8 +222,10 @@ def print_table(rows: list[dict]) -> None:
         vs_seed = f"{r['vs_seed']:.1f}" if r.get("vs_seed") is not None else "-"
         vs_jax = f"{r['vs_jax']:.2f}" if r.get("vs_jax") is not None else "-"
         vs_hand = f"{r['vs_jax_hand']:.2f}" if r.get("vs_jax_hand") is not None else "-"
-        print(f"{r['work']:<16}{r['variant']:<26}{r['particle_steps_per_s']:>18,.0f}{r['us_per_step']:>11.1f}"
-              f"{compile_s:>11}{vs_seed:>9}{vs_jax:>8}{vs_hand:>8}{r['peak_rss_mb_after_warmup']:>13.0f}")
+        print(
+            f"{r['work']:<16}{r['variant']:<26}{r['particle_steps_per_s']:>18,.0f}{r['us_per_step']:>11.1f}"
+            f"{compile_s:>11}{vs_seed:>9}{vs_jax:>8}{vs_hand:>8}{r['peak_rss_mb_after_warmup']:>13.0f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -223,16 +233,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and the 'eager' compile backend (seconds)")
     parser.add_argument("--backend", default=None, help="torch.compile backend (default: inductor; eager if --quick)")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for torch and XLA (default: the libraries' defaults); 1 on a busy machine")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for torch and XLA (default: the libraries' defaults); 1 on a busy machine",
+    )
     parser.add_argument("--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 '")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step.json")
     args = parser.parse_args(argv)
     backend = args.backend or ("eager" if args.quick else "inductor")
     if args.threads:
         torch.set_num_threads(args.threads)
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
-                                   + ("true" if args.threads > 1 else "false")).strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + " --xla_cpu_multi_thread_eigen="
+            + ("true" if args.threads > 1 else "false")
+        ).strip()
     repeats = args.repeats or (3 if args.quick else 7)
     seconds_per_repeat = 0.02 if args.quick else 0.3
 
@@ -244,8 +261,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.only and args.only not in work + " ":
             continue
         print(f"[{work}] compiling ...", flush=True)
-        variants = torch_variants(problem, particles, k, backend, fused=not args.quick or particles == 1,
-                                  scan=particles == 1 and not args.quick)
+        variants = torch_variants(
+            problem,
+            particles,
+            k,
+            backend,
+            fused=not args.quick or particles == 1,
+            scan=particles == 1 and not args.quick,
+        )
         if name == "lqr-1d" and particles == 1:
             variants.insert(0, seed_variant(k))
         jax_v = jax_variant(problem, particles, k)
@@ -261,19 +284,35 @@ def main(argv: list[str] | None = None) -> dict:
         hand_rate = results.get("jax hand", {}).get("particle_steps_per_s")
         flops, bytes_ = roofline.per_particle_step(problem, particles)
         for variant, r in results.items():
-            rows.append({"work": work, "problem": name, "variant": variant, **r,
-                         "vs_seed": r["particle_steps_per_s"] / seed_rate if seed_rate else None,
-                         "vs_jax": r["particle_steps_per_s"] / jax_rate if jax_rate else None,
-                         "vs_jax_hand": r["particle_steps_per_s"] / hand_rate if hand_rate else None,
-                         "flops_per_particle_step": flops, "bytes_per_particle_step": bytes_})
+            rows.append(
+                {
+                    "work": work,
+                    "problem": name,
+                    "variant": variant,
+                    **r,
+                    "vs_seed": r["particle_steps_per_s"] / seed_rate if seed_rate else None,
+                    "vs_jax": r["particle_steps_per_s"] / jax_rate if jax_rate else None,
+                    "vs_jax_hand": r["particle_steps_per_s"] / hand_rate if hand_rate else None,
+                    "flops_per_particle_step": flops,
+                    "bytes_per_particle_step": bytes_,
+                }
+            )
     print()
     print_table(rows)
     peaks = roofline.machine_peaks(quick=args.quick)
     print()
     roof = roofline.report(rows, peaks)
-    payload = {"quick": args.quick, "backend": backend, "repeats": repeats, "torch": torch.__version__,
-               "threads": torch.get_num_threads(), "machine": platform.platform(), "rows": rows,
-               "machine_peaks": peaks._asdict(), "roofline": roof}
+    payload = {
+        "quick": args.quick,
+        "backend": backend,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "rows": rows,
+        "machine_peaks": peaks._asdict(),
+        "roofline": roof,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {args.out}")

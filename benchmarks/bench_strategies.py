@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.func import jacfwd, jacrev, vmap
+from torch.func import jacrev, vmap
 
 import fwdtrain as ft
 from fwdtrain.core._tree import tree_map
@@ -72,13 +72,16 @@ def main(argv: list[str] | None = None) -> dict:
         problem = problems.lqr(name)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(particles, problem.x0.shape[0], generator=gen)
-        x_tilde = tree_map(lambda leaf: 0.1 * torch.randn(particles, x.shape[1], *leaf.shape, generator=gen),
-                           problem.theta)
+        x_tilde = tree_map(
+            lambda leaf: 0.1 * torch.randn(particles, x.shape[1], *leaf.shape, generator=gen), problem.theta
+        )
         strategies = dict(STRATEGIES)
         if ft.core._tree.size(problem.theta) > 200:  # p forward passes: what mode="auto" avoids (50 s per call at 10-D)
             strategies.pop("composed-jacfwd")
-        calls = {k: (lambda fn=fn: vmap(lambda xi, xti: fn(problem.sde.coefficients, problem.theta, xi, xti))(
-            x, x_tilde)) for k, fn in strategies.items()}
+        calls = {
+            k: (lambda fn=fn: vmap(lambda xi, xti: fn(problem.sde.coefficients, problem.theta, xi, xti))(x, x_tilde))
+            for k, fn in strategies.items()
+        }
         samples: dict[str, list[float]] = {k: [] for k in calls}
         for call in calls.values():
             call()

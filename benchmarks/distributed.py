@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-import fwdtrain as ft  # noqa: E402
-from fwdtrain import distributed as D  # noqa: E402
+import fwdtrain as ft
+from fwdtrain import distributed as D
 
 
 def _all_reduce_seconds(numbers: int, repeats: int = 200) -> float:
@@ -45,8 +45,17 @@ def _rank_job(particles: int, steps: int, every: int, threads: int) -> tuple[flo
     if D.is_initialized():
         dist.barrier()
     started = time.perf_counter()
-    final, _ = D.distributed_run(ex.sde, warm, steps, ex.dt, ex.lr, seed=2, every=every,
-                                 check_every=max(1, steps // 10), record_every=max(1, steps // 10))
+    _final, _ = D.distributed_run(
+        ex.sde,
+        warm,
+        steps,
+        ex.dt,
+        ex.lr,
+        seed=2,
+        every=every,
+        check_every=max(1, steps // 10),
+        record_every=max(1, steps // 10),
+    )
     seconds = time.perf_counter() - started
     return seconds, _all_reduce_seconds(sum(leaf.numel() for leaf in ft.core._tree.leaves(ex.theta)) + 1)
 
@@ -58,19 +67,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=1, help="all-reduce the gradient every k steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="interleave the process counts this many times and keep each one's best time")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="interleave the process counts this many times and keep each one's best time",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke test: 16 particles, 20 steps")
     args = parser.parse_args(argv)
     if args.quick:
         args.particles, args.steps, args.repeat = 16, 20, 1
-    print(f"torch {torch.__version__}, lqr-1d float32, {args.particles} particles per process, "
-          f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each")
+    print(
+        f"torch {torch.__version__}, lqr-1d float32, {args.particles} particles per process, "
+        f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each"
+    )
     best: dict[int, tuple[float, float]] = {}
     for _ in range(args.repeat):
         for size in args.processes:
-            per_rank = D.launch(_rank_job, size, (args.particles, args.steps, args.every, args.threads),
-                                timeout=600.0)
+            per_rank = D.launch(_rank_job, size, (args.particles, args.steps, args.every, args.threads), timeout=600.0)
             seconds, reduce_seconds = max(t for t, _ in per_rank), max(r for _, r in per_rank)
             if size not in best or seconds < best[size][0]:
                 best[size] = (seconds, reduce_seconds)
@@ -79,10 +93,12 @@ def main(argv: list[str] | None = None) -> None:
         seconds, reduce_seconds = best[size]
         rate = size * args.particles * args.steps / seconds
         base = base or rate / size
-        print(f"processes {size}  particles {size * args.particles:>6d}  time {seconds:7.2f} s  "
-              f"particle-steps/s {rate:12,.0f}  speed-up {rate / base:5.2f}  efficiency {rate / base / size:5.2f}  "
-              f"all_reduce {reduce_seconds * 1e6:6.0f} us ({1e3 * seconds / args.steps:5.2f} ms/step)",
-              flush=True)
+        print(
+            f"processes {size}  particles {size * args.particles:>6d}  time {seconds:7.2f} s  "
+            f"particle-steps/s {rate:12,.0f}  speed-up {rate / base:5.2f}  efficiency {rate / base / size:5.2f}  "
+            f"all_reduce {reduce_seconds * 1e6:6.0f} us ({1e3 * seconds / args.steps:5.2f} ms/step)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

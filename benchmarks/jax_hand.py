@@ -20,7 +20,8 @@ Needs ``jax`` (``pip install fwdtrain[jax]``).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +29,10 @@ import numpy as np
 
 
 class HandState(NamedTuple):
-    x: jax.Array        # (N,)
-    x_tilde: Any        # dict like theta, leaves (N, *s)
-    theta: Any          # {"weight0": (16, 1), "bias0": (16,), "weight1": (1, 16)}
-    t: jax.Array        # ()
+    x: jax.Array  # (N,)
+    x_tilde: Any  # dict like theta, leaves (N, *s)
+    theta: Any  # {"weight0": (16, 1), "bias0": (16,), "weight1": (1, 16)}
+    t: jax.Array  # ()
 
 
 def control(theta: dict, x: jax.Array) -> jax.Array:
@@ -49,7 +50,7 @@ def make_step(dt: float, lr: Callable[[jax.Array], jax.Array]) -> Callable[[Hand
     def step(state: HandState, dw: jax.Array) -> tuple[HandState, jax.Array]:
         x, xt, theta = state.x, state.x_tilde, state.theta
         u, (u_theta, u_x) = _u_and_grads(theta, x)
-        per_leaf = lambda a, b: a * b.reshape(b.shape + (1,) * (a.ndim - 1))  # noqa: E731
+        per_leaf = lambda a, b: a * b.reshape(b.shape + (1,) * (a.ndim - 1))
         du = jax.tree.map(lambda xt_, ut: per_leaf(xt_, u_x) + ut, xt, u_theta)
         gradient = jax.tree.map(lambda xt_, du_: jnp.mean(per_leaf(xt_, 2 * x) + per_leaf(du_, 2 * u), 0), xt, du)
         new_xt = jax.tree.map(lambda xt_, du_: xt_ + (du_ - xt_) * dt, xt, du)
@@ -86,11 +87,18 @@ def init(theta: dict, x0: float, particles: int) -> HandState:
     return HandState(jnp.full((particles,), x0, jnp.float32), x_tilde, theta, jnp.zeros((), jnp.float32))
 
 
-def time_to_result(theta: dict, particles: int = 256, steps: int = 6_000, dt: float = 0.01,
-                   lr_scale: float = 10.0, lr_offset: float = 20.0, seed: int = 0) -> tuple[float, HandState]:
+def time_to_result(
+    theta: dict,
+    particles: int = 256,
+    steps: int = 6_000,
+    dt: float = 0.01,
+    lr_scale: float = 10.0,
+    lr_offset: float = 20.0,
+    seed: int = 0,
+) -> tuple[float, HandState]:
     """Seconds from call to trained theta (compilation included), alpha(t) = lr_scale / (lr_offset + t)."""
     start = time.perf_counter()
     run = make_run(dt, lambda t: lr_scale / (lr_offset + t), steps, particles)
-    state, costs = run(init(theta, 1.0, particles), jax.random.PRNGKey(seed))
+    state, _costs = run(init(theta, 1.0, particles), jax.random.PRNGKey(seed))
     jax.block_until_ready(state.theta)
     return time.perf_counter() - start, state

@@ -19,7 +19,8 @@ Needs ``jax`` (``pip install fwdtrain[jax]``); float32, like the torch runs.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +30,10 @@ ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
 
 class JaxState(NamedTuple):
-    x: jax.Array         # (N, d)
-    x_tilde: Any         # dict like theta, leaves (N, d, *s)
-    theta: Any           # dict of arrays
-    t: jax.Array         # ()
+    x: jax.Array  # (N, d)
+    x_tilde: Any  # dict like theta, leaves (N, d, *s)
+    theta: Any  # dict of arrays
+    t: jax.Array  # ()
 
 
 def mlp_apply(layers: int, activation: str) -> Callable[[dict, jax.Array], jax.Array]:
@@ -88,7 +89,10 @@ def make_step(coefficients: Callable, dt: float, lr: float) -> Callable:
         x = state.x + mu * dt + sigma * dw
         x_tilde = jax.tree_util.tree_map(
             lambda xt, dm, ds: xt + dm * dt + ds * dw.reshape(dw.shape + (1,) * (ds.ndim - 2)),
-            state.x_tilde, d_mu, d_sigma)
+            state.x_tilde,
+            d_mu,
+            d_sigma,
+        )
         gradient = jax.tree_util.tree_map(lambda g: g.mean(0), d_cost)
         theta = jax.tree_util.tree_map(lambda th, g: th - (lr * dt) * g, state.theta, gradient)
         return JaxState(x, x_tilde, theta, state.t + dt), cost.mean()
@@ -117,13 +121,23 @@ def init_state(theta: dict, x0: np.ndarray, particles: int) -> JaxState:
 
 
 class JaxTiming(NamedTuple):
-    compile_s: float            # lowering + XLA compilation of one chunk
-    seconds_per_chunk: list     # steady state, one entry per repeat
+    compile_s: float  # lowering + XLA compilation of one chunk
+    seconds_per_chunk: list  # steady state, one entry per repeat
     final_state: JaxState
 
 
-def time_chunks(coefficients: Callable, theta: dict, x0: np.ndarray, particles: int, dt: float, lr: float,
-                chunk_steps: int, chunks: int, repeats: int, seed: int = 0) -> JaxTiming:
+def time_chunks(
+    coefficients: Callable,
+    theta: dict,
+    x0: np.ndarray,
+    particles: int,
+    dt: float,
+    lr: float,
+    chunk_steps: int,
+    chunks: int,
+    repeats: int,
+    seed: int = 0,
+) -> JaxTiming:
     """Compile one chunk (timed apart), then time ``chunks`` chunks ``repeats`` times."""
     state = init_state(theta, x0, particles)
     m = x0.shape[0]
@@ -132,7 +146,7 @@ def time_chunks(coefficients: Callable, theta: dict, x0: np.ndarray, particles: 
     start = time.perf_counter()
     compiled = chunk.lower(state, key).compile()
     compile_s = time.perf_counter() - start
-    state, _ = compiled(state, key)            # warm-up
+    state, _ = compiled(state, key)  # warm-up
     jax.block_until_ready(state)
     per_chunk = []
     for _ in range(repeats):

@@ -22,17 +22,18 @@ class Problem(NamedTuple):
     name: str
     sde: ft.SDE
     theta: dict
-    x0: torch.Tensor        # (d,)
-    a: torch.Tensor         # (d, d)
-    b: torch.Tensor         # (d, d)
+    x0: torch.Tensor  # (d,)
+    a: torch.Tensor  # (d, d)
+    b: torch.Tensor  # (d, d)
     layers: int
     activation: str
     dt: float
     lr: float
 
 
-def _controlled_lqr(name: str, a: torch.Tensor, b: torch.Tensor, sizes: list[int], activation: str,
-                    dtype: torch.dtype, seed: int) -> Problem:
+def _controlled_lqr(
+    name: str, a: torch.Tensor, b: torch.Tensor, sizes: list[int], activation: str, dtype: torch.dtype, seed: int
+) -> Problem:
     control = ft.mlp(sizes, activation=activation, output_bias=False, seed=seed, dtype=dtype, output_scale=0.1)
     a, b = a.to(dtype), b.to(dtype)
     sde = ft.ControlledSDE(
@@ -41,20 +42,31 @@ def _controlled_lqr(name: str, a: torch.Tensor, b: torch.Tensor, sizes: list[int
         diffusion=lambda x, u: torch.ones_like(x),
         cost=lambda x, u: x.square().sum() + u.square().sum(),
     )
-    return Problem(name, sde, control.theta, torch.ones(sizes[0], dtype=dtype), a, b, len(sizes) - 1,
-                   activation, 0.01, 0.5)
+    return Problem(
+        name, sde, control.theta, torch.ones(sizes[0], dtype=dtype), a, b, len(sizes) - 1, activation, 0.01, 0.5
+    )
 
 
 def lqr(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Problem:
     if name == "lqr-1d":
         example = ft.examples.lqr_1d(dtype=dtype, seed=seed)
-        return Problem(name, example.sde, example.theta, example.x0, -torch.eye(1, dtype=dtype),
-                       torch.eye(1, dtype=dtype), 2, "relu", 0.01, 0.5)
+        return Problem(
+            name,
+            example.sde,
+            example.theta,
+            example.x0,
+            -torch.eye(1, dtype=dtype),
+            torch.eye(1, dtype=dtype),
+            2,
+            "relu",
+            0.01,
+            0.5,
+        )
     sizes: dict[str, Any] = {"lqr-10d": (10, 64), "lqr-3d": (3, 4)}
     if name not in sizes:
         raise ValueError(f"unknown benchmark problem {name!r}; choose one of lqr-1d, {', '.join(sizes)}")
     d, hidden = sizes[name]
-    s = torch.randn(d, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) / d ** 0.5
+    s = torch.randn(d, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) / d**0.5
     a = -0.5 * torch.eye(d, dtype=torch.float64) + (s - s.T) / 4
     return _controlled_lqr(name, a, torch.eye(d), [d, hidden, d], "tanh", dtype, seed)
 

@@ -58,8 +58,8 @@ def _best_seconds(fn, repeats: int) -> float:
 def machine_peaks(quick: bool = False) -> Peaks:
     n = 512 if quick else 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
-    matmul = 2 * n ** 3 / _best_seconds(lambda: torch.mm(a, b), 3 if quick else 10) / 1e9
-    source = torch.ones((2 ** 22 if quick else 2 ** 26,), dtype=torch.float32)
+    matmul = 2 * n**3 / _best_seconds(lambda: torch.mm(a, b), 3 if quick else 10) / 1e9
+    source = torch.ones((2**22 if quick else 2**26,), dtype=torch.float32)
     target = torch.zeros_like(source)  # written once already: no page faults in the timed copies
     copy = 2 * source.numel() * 4 / _best_seconds(lambda: target.copy_(source), 3 if quick else 10) / 1e9
     return Peaks(matmul, copy)
@@ -67,10 +67,14 @@ def machine_peaks(quick: bool = False) -> Peaks:
 
 def report(rows: list[dict], peaks: Peaks) -> list[dict]:
     """Per work size: the best fwdtrain variant's achieved GFLOP/s and GB/s against the peaks; printed."""
-    print(f"roofline (peaks: matmul {peaks.matmul_gflops:.1f} GFLOP/s, copy {peaks.copy_gbs:.1f} GB/s; "
-          f"flops = matmul-class only)")
-    print(f"{'work':<16}{'best variant':<26}{'flop/p-step':>12}{'byte/p-step':>12}{'GFLOP/s':>9}"
-          f"{'% mm peak':>10}{'GB/s':>8}{'% copy peak':>12}")
+    print(
+        f"roofline (peaks: matmul {peaks.matmul_gflops:.1f} GFLOP/s, copy {peaks.copy_gbs:.1f} GB/s; "
+        f"flops = matmul-class only)"
+    )
+    print(
+        f"{'work':<16}{'best variant':<26}{'flop/p-step':>12}{'byte/p-step':>12}{'GFLOP/s':>9}"
+        f"{'% mm peak':>10}{'GB/s':>8}{'% copy peak':>12}"
+    )
     out = []
     for work in dict.fromkeys(r["work"] for r in rows):
         mine = [r for r in rows if r["work"] == work and r["variant"].startswith("fwdtrain")]
@@ -78,11 +82,20 @@ def report(rows: list[dict], peaks: Peaks) -> list[dict]:
         rate = best["particle_steps_per_s"]
         gflops = best["flops_per_particle_step"] * rate / 1e9
         gbs = best["bytes_per_particle_step"] * rate / 1e9
-        entry = {"work": work, "variant": best["variant"], "flops_per_particle_step": best["flops_per_particle_step"],
-                 "bytes_per_particle_step": best["bytes_per_particle_step"], "gflops": gflops, "gbs": gbs,
-                 "fraction_matmul_peak": gflops / peaks.matmul_gflops, "fraction_copy_peak": gbs / peaks.copy_gbs}
+        entry = {
+            "work": work,
+            "variant": best["variant"],
+            "flops_per_particle_step": best["flops_per_particle_step"],
+            "bytes_per_particle_step": best["bytes_per_particle_step"],
+            "gflops": gflops,
+            "gbs": gbs,
+            "fraction_matmul_peak": gflops / peaks.matmul_gflops,
+            "fraction_copy_peak": gbs / peaks.copy_gbs,
+        }
         out.append(entry)
-        print(f"{work:<16}{best['variant']:<26}{entry['flops_per_particle_step']:>12,.0f}"
-              f"{entry['bytes_per_particle_step']:>12,.0f}{gflops:>9.3f}{100 * entry['fraction_matmul_peak']:>10.2f}"
-              f"{gbs:>8.3f}{100 * entry['fraction_copy_peak']:>12.2f}")
+        print(
+            f"{work:<16}{best['variant']:<26}{entry['flops_per_particle_step']:>12,.0f}"
+            f"{entry['bytes_per_particle_step']:>12,.0f}{gflops:>9.3f}{100 * entry['fraction_matmul_peak']:>10.2f}"
+            f"{gbs:>8.3f}{100 * entry['fraction_copy_peak']:>12.2f}"
+        )
     return out

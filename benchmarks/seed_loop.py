@@ -25,8 +25,9 @@ import torch
 class OneDimensionalLQR:
     """One particle of dX = (-X + f(X)) dt + dW, cost X^2 + f(X)^2, trained online in place."""
 
-    def __init__(self, hidden_units: int = 16, learning_rate: float = 0.5, seed: int = 0,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, hidden_units: int = 16, learning_rate: float = 0.5, seed: int = 0, dtype: torch.dtype = torch.float32
+    ):
         torch.manual_seed(seed)
         self.C = learning_rate
         self.generator = torch.Generator().manual_seed(seed)
@@ -94,8 +95,9 @@ class OneDimensionalLQR:
         return self.model(x)
 
 
-def train(steps: int, dt: float = 0.01, hidden_units: int = 16, learning_rate: float = 0.5,
-          seed: int = 0) -> OneDimensionalLQR:
+def train(
+    steps: int, dt: float = 0.01, hidden_units: int = 16, learning_rate: float = 0.5, seed: int = 0
+) -> OneDimensionalLQR:
     """The seed's training loop without its per-step print."""
     propagator = OneDimensionalLQR(hidden_units, learning_rate, seed)
     for _ in range(steps):

@@ -52,13 +52,19 @@ def _jax_child(particles: int, steps: int) -> dict:
 
     imported = time.perf_counter() - start
     ex = ft.examples.lqr_1d(particles=particles)
-    seconds, state = jax_hand.time_to_result({k: v.numpy() for k, v in ex.theta.items()}, particles, steps, ex.dt)
+    seconds, _state = jax_hand.time_to_result({k: v.numpy() for k, v in ex.theta.items()}, particles, steps, ex.dt)
     return {"seconds": seconds, "import_s": imported}
 
 
 def _launch(args: list[str], env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.time_to_result", "--child", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.time_to_result", "--child", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,8 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.child:
         kind, particles, steps, fuse = args.child[0], *map(int, args.child[1:])
-        result = (_jax_child(particles, steps) if kind == "jax" else
-                  _fwdtrain_child(particles, steps, kind != "eager", fuse))
+        result = (
+            _jax_child(particles, steps) if kind == "jax" else _fwdtrain_child(particles, steps, kind != "eager", fuse)
+        )
         print(json.dumps(result))
         return result
 
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory(prefix="fwdtrain-cache-") as folder:
             env = {**os.environ, "FWDTRAIN_CACHE_DIR": folder, "PYTHONPATH": str(ROOT)}
             env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            for cache in (("cold", "warm") if kind != "eager" else ("-",)):
+            for cache in ("cold", "warm") if kind != "eager" else ("-",):
                 result = _launch([kind, str(particles), str(steps), str(fuse)], env)
                 rows.append({"variant": label, "cache": cache, **result})
                 print(rows[-1], flush=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch._higher_order_ops.scan import scan
 
-from fwdtrain.core._tree import tree_map
 from fwdtrain.compiled import canonical_strides
-from fwdtrain.core.state import State
+from fwdtrain.core._tree import tree_map
 from fwdtrain.core.kernel import advance, learning_rate
+from fwdtrain.core.state import State
 
 
 def compile_scan(sde, dt, lr, mode, reduce=None, *, backend: str = "inductor"):

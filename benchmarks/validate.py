@@ -25,34 +25,42 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fwdtrain as ft  # noqa: E402
-from fwdtrain import cli, optim  # noqa: E402
-from fwdtrain.examples import (double_well_calibration, lqr_nd, noisy_control, ou_calibration,  # noqa: E402
-                               sgdct_ou)
-from fwdtrain.examples.lqr_riccati import linear_control_cost, random_lqr, riccati  # noqa: E402
-from fwdtrain.examples.noisy import noisy_sde  # noqa: E402
+import fwdtrain as ft
+from fwdtrain import cli, optim
+from fwdtrain.examples import double_well_calibration, lqr_nd, noisy_control, ou_calibration, sgdct_ou
+from fwdtrain.examples.lqr_riccati import linear_control_cost, random_lqr, riccati
+from fwdtrain.examples.noisy import noisy_sde
 
 
 class Case(NamedTuple):
     name: str
-    build: Callable[[bool], Any]         # quick -> Example
-    tolerances: dict[str, float]         # metric -> relative tolerance (absolute for *_error metrics)
+    build: Callable[[bool], Any]  # quick -> Example
+    tolerances: dict[str, float]  # metric -> relative tolerance (absolute for *_error metrics)
     extra: Callable[[Any, bool], dict] | None = None  # (example, quick) -> {metric: (value, reference)}
 
 
 def _lqr(dim: int, control: str, particles: int, steps: int, decay: float = 15.0):
     def build(quick: bool):
-        return lqr_nd(dim=dim, control=control, particles=4 if quick else particles, dt=0.02,
-                      steps=20 if quick else steps, lr=3.0 if control == "linear" else 1.0, decay=decay,
-                      dtype=torch.float32)
+        return lqr_nd(
+            dim=dim,
+            control=control,
+            particles=4 if quick else particles,
+            dt=0.02,
+            steps=20 if quick else steps,
+            lr=3.0 if control == "linear" else 1.0,
+            decay=decay,
+            dtype=torch.float32,
+        )
+
     return build
 
 
@@ -60,10 +68,19 @@ def _noisy_grid(example, quick: bool) -> dict:
     """argmin of a parabola through frozen-theta stationary costs on a grid around k*, common noise."""
     grid = np.linspace(0.2, 0.4, 9)
     sde = noisy_sde(1.0)
-    costs = [ft.stationary_cost(sde, {"gain": torch.tensor(float(k), dtype=torch.float64)},
-                                torch.zeros(1, dtype=torch.float64), particles=50 if quick else 4000,
-                                dt=example.dt, steps=200 if quick else 10_000, burn_in=100 if quick else 1000,
-                                seed=11).mean for k in grid]
+    costs = [
+        ft.stationary_cost(
+            sde,
+            {"gain": torch.tensor(float(k), dtype=torch.float64)},
+            torch.zeros(1, dtype=torch.float64),
+            particles=50 if quick else 4000,
+            dt=example.dt,
+            steps=200 if quick else 10_000,
+            burn_in=100 if quick else 1000,
+            seed=11,
+        ).mean
+        for k in grid
+    ]
     a, b, _ = np.polyfit(grid, costs, 2)
     vertex = -b / (2 * a)
     return {"gain (grid search)": (vertex, example.reference["gain"])}
@@ -75,15 +92,27 @@ CASES = [
     # d = 10 needs more particle-time: 32 particles for t = 150 left a 9.4% gain error (cost 0.2% off)
     Case("lqr-d10-linear", _lqr(10, "linear", 64, 30_000, decay=10.0), {"cost": 0.02, "gain_error": 0.05}),
     Case("lqr-d2-mlp", _lqr(2, "mlp", 64, 7500), {"cost": 0.02, "gain_error": 0.10}),
-    Case("noisy-control", lambda quick: noisy_control(particles=4 if quick else 64, steps=20 if quick else 20_000),
-         {"gain": 0.05, "cost": 0.005, "gain (grid search)": 0.05}, _noisy_grid),
-    Case("ou-calibration", lambda quick: ou_calibration(particles=4 if quick else 256, steps=20 if quick else 20_000),
-         {"mean": 0.03, "variance": 0.05, "scale": 0.03}),
-    Case("double-well-calibration",
-         lambda quick: double_well_calibration(particles=4 if quick else 256, steps=20 if quick else 20_000),
-         {"a": 0.15, "b": 0.15, "m2": 0.05, "m4": 0.05}),
-    Case("sgdct-ou", lambda quick: sgdct_ou(particles=2 if quick else 16, steps=20 if quick else 40_000),
-         {"kappa": 0.05, "mean": 0.05}),
+    Case(
+        "noisy-control",
+        lambda quick: noisy_control(particles=4 if quick else 64, steps=20 if quick else 20_000),
+        {"gain": 0.05, "cost": 0.005, "gain (grid search)": 0.05},
+        _noisy_grid,
+    ),
+    Case(
+        "ou-calibration",
+        lambda quick: ou_calibration(particles=4 if quick else 256, steps=20 if quick else 20_000),
+        {"mean": 0.03, "variance": 0.05, "scale": 0.03},
+    ),
+    Case(
+        "double-well-calibration",
+        lambda quick: double_well_calibration(particles=4 if quick else 256, steps=20 if quick else 20_000),
+        {"a": 0.15, "b": 0.15, "m2": 0.05, "m4": 0.05},
+    ),
+    Case(
+        "sgdct-ou",
+        lambda quick: sgdct_ou(particles=2 if quick else 16, steps=20 if quick else 40_000),
+        {"kappa": 0.05, "mean": 0.05},
+    ),
 ]
 
 
@@ -110,9 +139,19 @@ def run_case(case: Case, quick: bool) -> list[dict]:
     for metric, (value, reference) in results.items():
         error = _relative(metric, value, reference)
         tolerance = case.tolerances.get(metric)
-        rows.append({"problem": case.name, "metric": metric, "result": float(value), "reference": float(reference),
-                     "rel_error": float(error), "tolerance": tolerance, "steps": example.steps, "wall_s": wall,
-                     "ok": bool(tolerance is None or error <= tolerance)})
+        rows.append(
+            {
+                "problem": case.name,
+                "metric": metric,
+                "result": float(value),
+                "reference": float(reference),
+                "rel_error": float(error),
+                "tolerance": tolerance,
+                "steps": example.steps,
+                "wall_s": wall,
+                "ok": bool(tolerance is None or error <= tolerance),
+            }
+        )
     return rows
 
 
@@ -143,25 +182,42 @@ def averaging_study(quick: bool, seeds: tuple[int, ...] = (0, 1, 2, 3), start: f
         def signed(name: str, key: str) -> float:
             return (m[name][key] - m[name]["reference"]) / m[name]["reference"]
 
-        rows.append({"seed": seed, "slope_last": signed("slope", "learned"), "slope_avg": signed("slope", "averaged"),
-                     "cost_last": signed("cost", "learned"), "cost_avg": signed("cost", "averaged"),
-                     "iterates": result["averaged_iterates"], "wall_s": result["wall_s"]})
+        rows.append(
+            {
+                "seed": seed,
+                "slope_last": signed("slope", "learned"),
+                "slope_avg": signed("slope", "averaged"),
+                "cost_last": signed("cost", "learned"),
+                "cost_avg": signed("cost", "averaged"),
+                "iterates": result["averaged_iterates"],
+                "wall_s": result["wall_s"],
+            }
+        )
     return rows
 
 
 def _print_averaging(rows: list[dict], quick: bool) -> bool:
-    print(f"{'seed':<6}{'slope err last':>16}{'slope err avg':>15}{'cost err last':>15}{'cost err avg':>14}"
-          f"{'averaged':>10}")
+    print(
+        f"{'seed':<6}{'slope err last':>16}{'slope err avg':>15}{'cost err last':>15}{'cost err avg':>14}"
+        f"{'averaged':>10}"
+    )
     for r in rows:
-        print(f"{r['seed']:<6}{r['slope_last']:>+16.2%}{r['slope_avg']:>+15.2%}{r['cost_last']:>+15.2%}"
-              f"{r['cost_avg']:>+14.2%}{r['iterates']:>10}")
-    mean = {key: sum(abs(r[key]) for r in rows) / len(rows) for key in ("slope_last", "slope_avg", "cost_last",
-                                                                       "cost_avg")}
-    print(f"{'mean|.|':<6}{mean['slope_last']:>16.2%}{mean['slope_avg']:>15.2%}{mean['cost_last']:>15.2%}"
-          f"{mean['cost_avg']:>14.2%}")
+        print(
+            f"{r['seed']:<6}{r['slope_last']:>+16.2%}{r['slope_avg']:>+15.2%}{r['cost_last']:>+15.2%}"
+            f"{r['cost_avg']:>+14.2%}{r['iterates']:>10}"
+        )
+    mean = {
+        key: sum(abs(r[key]) for r in rows) / len(rows) for key in ("slope_last", "slope_avg", "cost_last", "cost_avg")
+    }
+    print(
+        f"{'mean|.|':<6}{mean['slope_last']:>16.2%}{mean['slope_avg']:>15.2%}{mean['cost_last']:>15.2%}"
+        f"{mean['cost_avg']:>14.2%}"
+    )
     ok = mean["slope_avg"] <= 0.015 and mean["cost_avg"] <= mean["cost_last"] + 0.001
-    print(f"target (issue 13): mean |slope error| of the average <= 1.50%, cost error not worse: "
-          f"{'met' if ok else 'NOT met'}" + (" (quick: not enforced)" if quick else ""))
+    print(
+        f"target (issue 13): mean |slope error| of the average <= 1.50%, cost error not worse: "
+        f"{'met' if ok else 'NOT met'}" + (" (quick: not enforced)" if quick else "")
+    )
     return ok or quick
 
 
@@ -178,8 +234,9 @@ def _linearised_cost_error(example, problem, best: float, theta) -> float:
 OPTIMISER_RUNS = (("sgd", 1.0), ("sgd", 3.0), ("adam", 0.01), ("adam", 0.03), ("adam", 0.1))
 
 
-def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER_RUNS, steps: int = 3_000,
-                    record_every: int = 50) -> list[dict]:
+def optimiser_study(
+    quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER_RUNS, steps: int = 3_000, record_every: int = 50
+) -> list[dict]:
     """The 10-D LQR (``random_lqr(10, 0)``) with a 10 -> 32 -> 32 -> 10 tanh MLP control, N = 64, dt = 0.02,
     lr scale * 15 / (15 + t), seed 0, for each (rule, scale): the first recorded step (every 50) at which
     the cost of the control's linearisation u = -K x, K = -du/dx(0) (exact, from a Lyapunov equation) is
@@ -191,33 +248,67 @@ def optimiser_study(quick: bool, runs: tuple[tuple[str, float], ...] = OPTIMISER
     best = riccati(problem).cost
     rows = []
     for name, scale in runs[:2] if quick else runs:
-        example = lqr_nd(dim=dim, control="mlp", particles=4 if quick else 64, dt=0.02, steps=20 if quick else steps,
-                         lr=scale, decay=15.0, dtype=torch.float32)
+        example = lqr_nd(
+            dim=dim,
+            control="mlp",
+            particles=4 if quick else 64,
+            dt=0.02,
+            steps=20 if quick else steps,
+            lr=scale,
+            decay=15.0,
+            dtype=torch.float32,
+        )
         rule = None if name == "sgd" else optim.optimizer(name)
         state = ft.init(example.sde, example.theta, example.x0, example.particles, optimizer=rule)
         start = time.perf_counter()
-        state, history = ft.run(example.sde, state, example.steps, example.dt, example.lr, optimizer=rule, noise=0, save=ft.SaveAt(10 if quick else record_every))
+        state, history = ft.run(
+            example.sde,
+            state,
+            example.steps,
+            example.dt,
+            example.lr,
+            optimizer=rule,
+            noise=0,
+            save=ft.SaveAt(10 if quick else record_every),
+        )
         wall = time.perf_counter() - start
-        errors = [_linearised_cost_error(example, problem, best, {k: v[i] for k, v in history.theta.items()})
-                  for i in range(len(history.step))]
+        errors = [
+            _linearised_cost_error(example, problem, best, {k: v[i] for k, v in history.theta.items()})
+            for i in range(len(history.step))
+        ]
+
         def reached(within: float) -> int | None:
             return next((int(n) for n, e in zip(history.step, errors) if e <= within), None)
 
         final_mc = example.evaluate(state.theta)["cost"] / best - 1.0 if not quick else math.nan
-        tail = errors[-max(len(errors) // 3, 1):]
-        rows.append({"rule": name, "lr": scale, "steps_to_2pct": reached(0.02), "steps_to_1pct": reached(0.01),
-                     "final_linearised_error": errors[-1], "tail_linearised_error": sum(tail) / len(tail),
-                     "final_mc_error": final_mc, "steps": example.steps, "wall_s": wall})
+        tail = errors[-max(len(errors) // 3, 1) :]
+        rows.append(
+            {
+                "rule": name,
+                "lr": scale,
+                "steps_to_2pct": reached(0.02),
+                "steps_to_1pct": reached(0.01),
+                "final_linearised_error": errors[-1],
+                "tail_linearised_error": sum(tail) / len(tail),
+                "final_mc_error": final_mc,
+                "steps": example.steps,
+                "wall_s": wall,
+            }
+        )
     return rows
 
 
 def _print_optimisers(rows: list[dict]) -> None:
-    print(f"{'rule':<6}{'lr scale':>9}{'steps to 2%':>13}{'steps to 1%':>13}{'J_lin/J*-1 end':>16}"
-          f"{'last third':>12}{'MC J/J*-1 end':>15}{'steps':>7}{'wall s':>8}")
+    print(
+        f"{'rule':<6}{'lr scale':>9}{'steps to 2%':>13}{'steps to 1%':>13}{'J_lin/J*-1 end':>16}"
+        f"{'last third':>12}{'MC J/J*-1 end':>15}{'steps':>7}{'wall s':>8}"
+    )
     for r in rows:
         two, one = ("never" if r[key] is None else str(r[key]) for key in ("steps_to_2pct", "steps_to_1pct"))
-        print(f"{r['rule']:<6}{r['lr']:>9g}{two:>13}{one:>13}{r['final_linearised_error']:>+16.2%}"
-              f"{r['tail_linearised_error']:>+12.2%}{r['final_mc_error']:>+15.2%}{r['steps']:>7}{r['wall_s']:>8.0f}")
+        print(
+            f"{r['rule']:<6}{r['lr']:>9g}{two:>13}{one:>13}{r['final_linearised_error']:>+16.2%}"
+            f"{r['tail_linearised_error']:>+12.2%}{r['final_mc_error']:>+15.2%}{r['steps']:>7}{r['wall_s']:>8.0f}"
+        )
 
 
 STUDIES = {"averaging": averaging_study, "optimisers": optimiser_study}
@@ -229,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="case names to run (default: all)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--jsonl", default=None, help="append each row as a JSON line to this file")
-    parser.add_argument("--study", choices=tuple(STUDIES), default=None,
-                        help="run one study of issue 13 instead of the cases: Polyak-Ruppert averaging on the "
-                             "default lqr-1d (seeds 0-3), or adam against sgd on the 10-D LQR with an MLP")
+    parser.add_argument(
+        "--study",
+        choices=tuple(STUDIES),
+        default=None,
+        help="run one study of issue 13 instead of the cases: Polyak-Ruppert averaging on the "
+        "default lqr-1d (seeds 0-3), or adam against sgd on the 10-D LQR with an MLP",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.study is not None:
@@ -248,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.only or []) - set(names))
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {names}")
-    header = f"{'problem':<24}{'metric':<20}{'fwdtrain':>12}{'reference':>12}{'rel.err':>9}{'tol':>7}{'steps':>8}{'wall s':>8}"
+    header = (
+        f"{'problem':<24}{'metric':<20}{'fwdtrain':>12}{'reference':>12}{'rel.err':>9}{'tol':>7}{'steps':>8}"
+        f"{'wall s':>8}"
+    )
     print(header)
     print("-" * len(header))
     failed = []
@@ -258,8 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         for row in run_case(case, args.quick):
             tol = f"{row['tolerance']:.3f}" if row["tolerance"] is not None else "-"
             mark = "" if row["ok"] or args.quick else "  FAIL"
-            print(f"{row['problem']:<24}{row['metric']:<20}{row['result']:>12.5g}{row['reference']:>12.5g}"
-                  f"{row['rel_error']:>9.4f}{tol:>7}{row['steps']:>8}{row['wall_s']:>8.1f}{mark}", flush=True)
+            print(
+                f"{row['problem']:<24}{row['metric']:<20}{row['result']:>12.5g}{row['reference']:>12.5g}"
+                f"{row['rel_error']:>9.4f}{tol:>7}{row['steps']:>8}{row['wall_s']:>8.1f}{mark}",
+                flush=True,
+            )
             if args.jsonl:
                 with open(args.jsonl, "a") as handle:
                     handle.write(json.dumps(row) + "\n")

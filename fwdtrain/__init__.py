@@ -8,11 +8,7 @@ The layers, from the ground up (each imports only those below it): ``optim`` and
 ``distributed`` and ``examples``, and ``cli`` (``python -m fwdtrain``).
 """
 
-from . import _legacy
-
-_legacy.install()
-
-# isort: off  (the public face, grouped by what a user writes)
+# ruff: noqa: I001  (the public face, grouped by what a user writes, not sorted)
 # What the SDE is: a problem of pure functions of (theta, x); a network as such a function
 from .core.problem import SDE, ControlledSDE
 from .core.model import functional, mlp
@@ -39,15 +35,20 @@ from .driver.evaluate import stationary_cost
 from .core.errors import DivergenceError, CheckpointError
 
 # Submodules: schedules, update rules, other kinds of problems, processes, built-in problems
-from .core import schedules, noise, errors  # noqa: F401  (noise, errors: public paths, not in __all__)
+from .core import schedules
 from . import optim
 from .problems import calibration, sgdct, ensemble
 from . import distributed, examples
-# isort: on
+
+# Public paths not in __all__: fwdtrain.noise, fwdtrain.errors; and the finder of 0.2's module paths
+from .core import noise, errors  # noqa: F401
+from . import _legacy
+
+_legacy.install()
 
 __version__ = "0.3.0"
 
-__all__ = [
+__all__ = [  # noqa: RUF022  (grouped by concept, as above)
     "SDE", "ControlledSDE", "functional", "mlp",
     "Euler", "Heun", "Milstein",
     "State", "init", "step", "step_with_info",
@@ -55,7 +56,7 @@ __all__ = [
     "History", "save", "load", "stationary_cost",
     "DivergenceError", "CheckpointError",
     "schedules", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples",
-]
+]  # fmt: skip
 
 
 def __getattr__(attribute: str) -> object:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -102,8 +103,13 @@ def skip_known_probe(machine: str) -> None:
         known = json.loads(_probe_file().read_text())
     except (OSError, ValueError):
         return
-    if isinstance(known, dict) and known.get("machine") == machine and known.get("torch") == torch.__version__ \
-            and known.get("all_supported") is True and config.cpp.vec_isa_ok is None:
+    if (
+        isinstance(known, dict)
+        and known.get("machine") == machine
+        and known.get("torch") == torch.__version__
+        and known.get("all_supported") is True
+        and config.cpp.vec_isa_ok is None
+    ):
         config.cpp.vec_isa_ok = True
 
 
@@ -114,12 +120,21 @@ def record_probe(machine: str) -> None:
     try:
         valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
         cpu = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else []
-        supported = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
-                     if all(flag in cpu for flag in str(isa).split())]
+        supported = [
+            str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(flag in cpu for flag in str(isa).split())
+        ]
         _probe_file().parent.mkdir(parents=True, exist_ok=True)
-        _probe_file().write_text(json.dumps({"machine": machine, "torch": torch.__version__, "valid": valid,
-                                             "all_supported": bool(valid) and valid == supported}))
-    except Exception:  # noqa: BLE001 - only an optimisation of the next start
+        _probe_file().write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "torch": torch.__version__,
+                    "valid": valid,
+                    "all_supported": bool(valid) and valid == supported,
+                }
+            )
+        )
+    except Exception:
         pass
 
 
@@ -142,8 +157,15 @@ def aot_load(path: str, device: torch.device) -> Callable[[list[torch.Tensor]], 
     return loader.run
 
 
-
-
-
-__all__ = ["DYNAMO_TRACES_FORWARD_MODE", "tracing", "is_wrapped", "transform_of", "is_fake", "use_cache_folders",
-           "skip_known_probe", "record_probe", "aot_compile", "aot_load"]
+__all__ = [
+    "DYNAMO_TRACES_FORWARD_MODE",
+    "aot_compile",
+    "aot_load",
+    "is_fake",
+    "is_wrapped",
+    "record_probe",
+    "skip_known_probe",
+    "tracing",
+    "transform_of",
+    "use_cache_folders",
+]

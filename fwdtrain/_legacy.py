@@ -66,15 +66,15 @@ NAMES: dict[str, tuple[str, str] | str] = {
     "Ensemble": ("fwdtrain.problems.ensemble", "Ensemble"),
     "PerMember": ("fwdtrain.problems.ensemble", "PerMember"),
     "step_function": "fwdtrain.step_function was removed in 0.3: bind the step yourself, "
-                     "lambda state, dw, alpha: problem.advance(state, dw, dt, alpha, problem.plan(state))",
+    "lambda state, dw, alpha: problem.advance(state, dw, dt, alpha, problem.plan(state))",
     "compile_advance": "fwdtrain.compile_advance was removed in 0.3: use fwdtrain.step(..., compile=True), or "
-                       "fwdtrain.compile.function_kernel(fn, args, key=..., options=fwdtrain.Compile(True))",
+    "fwdtrain.compile.function_kernel(fn, args, key=..., options=fwdtrain.Compile(True))",
     "compile_steps": "fwdtrain.compile_steps was removed in 0.3: run(..., compile=True) takes every run of steps "
-                     "between two events in one compiled call; fwdtrain.compile.loop_kernel builds such a loop",
-    "choose_compilation": "fwdtrain.choose_compilation was removed in 0.3: compile=\"auto\" now decides from "
-                          "measurements on the machine that runs (fwdtrain.compile.policy.decide)",
-    "run_ensemble": "fwdtrain.run_ensemble was removed in 0.3: use fwdtrain.run(fwdtrain.ensemble.Ensemble(problem, E), "
-                    "state, steps, dt, lr, noise=seed)",
+    "between two events in one compiled call; fwdtrain.compile.loop_kernel builds such a loop",
+    "choose_compilation": 'fwdtrain.choose_compilation was removed in 0.3: compile="auto" now decides from '
+    "measurements on the machine that runs (fwdtrain.compile.policy.decide)",
+    "run_ensemble": "fwdtrain.run_ensemble was removed in 0.3: use "
+    "fwdtrain.run(fwdtrain.ensemble.Ensemble(problem, E), state, steps, dt, lr, noise=seed)",
 }
 
 
@@ -86,8 +86,11 @@ def name(attribute: str) -> Any:
     if isinstance(target, str):
         raise AttributeError(target)
     module, new = target
-    warnings.warn(f"fwdtrain.{attribute} moved to {module}.{new} in 0.3; the alias will be removed in 0.4",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"fwdtrain.{attribute} moved to {module}.{new} in 0.3; the alias will be removed in 0.4",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return getattr(importlib.import_module(module), new)
 
 
@@ -97,8 +100,11 @@ class _Alias(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         if self.warn:
-            warnings.warn(f"the module {spec.name} moved to {self.target} in fwdtrain 0.3; the old path will be "
-                          f"removed in 0.4", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"the module {spec.name} moved to {self.target} in fwdtrain 0.3; the old path will be removed in 0.4",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return importlib.import_module(self.target)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -120,4 +126,4 @@ def install() -> None:
         sys.meta_path.append(_Finder())
 
 
-__all__ = ["PUBLIC", "MOVED", "NAMES", "name", "install"]
+__all__ = ["MOVED", "NAMES", "PUBLIC", "install", "name"]

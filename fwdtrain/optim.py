@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, Literal, NamedTuple
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 import optree
 import torch
@@ -60,7 +61,7 @@ class MomentumState(NamedTuple):
 class AdamState(NamedTuple):
     """Step count n (0-d int64) and the first and second moment estimates m_n, v_n."""
 
-    count: torch.Tensor
+    count: torch.Tensor  # type: ignore[assignment]  # a field named like tuple.count: checkpoints keep the name
     mu: PyTree
     nu: PyTree
 
@@ -79,7 +80,7 @@ class Average(NamedTuple):
     ``()``, not None, marks "absent": torch.func.vmap refuses None among its outputs."""
 
     mean: PyTree
-    count: torch.Tensor
+    count: torch.Tensor  # type: ignore[assignment]  # a field named like tuple.count: checkpoints keep the name
     start: Any = ()
 
 
@@ -139,8 +140,10 @@ def apply_updates(theta: PyTree, updates: PyTree) -> PyTree:
 def chain(*transformations: GradientTransformation) -> GradientTransformation:
     """Apply transformations in order: the updates of one are the gradient of the next; the state is a tuple."""
     for i, tr in enumerate(transformations):
-        _check(isinstance(tr, GradientTransformation),
-               f"chain takes GradientTransformations, got {type(tr).__name__} at position {i}")
+        _check(
+            isinstance(tr, GradientTransformation),
+            f"chain takes GradientTransformations, got {type(tr).__name__} at position {i}",
+        )
 
     def init(theta: PyTree) -> tuple:
         return tuple(tr.init(theta) for tr in transformations)
@@ -197,7 +200,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
         def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             n = count.to(m.dtype)
-            c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+            c1, c2 = 1 - b1**n, 1 - b2**n
             return (m / c1) / (_sqrt(v) / c2.sqrt() + eps)
 
         return tree_map(direction, mu, nu), AdamState(count, mu, nu)
@@ -235,8 +238,9 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
     Branch-free and safe to differentiate: the square root is only taken where |G| > c > 0.
     """
-    _check(math.isfinite(max_norm) and max_norm > 0.0,
-           f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}")
+    _check(
+        math.isfinite(max_norm) and max_norm > 0.0, f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}"
+    )
     max_norm = float(max_norm)
 
     def init(theta: PyTree) -> EmptyState:
@@ -244,7 +248,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
     def update(gradient: PyTree, state: EmptyState, theta: PyTree, rate: Any) -> tuple[PyTree, EmptyState]:
         sq = squared_norm(gradient)
-        clipped = sq > max_norm ** 2
+        clipped = sq > max_norm**2
         safe = torch.where(clipped, sq, torch.ones_like(sq))
         scale = torch.where(clipped, max_norm / safe.sqrt(), torch.ones_like(sq))
         return tree_map(lambda g: g * scale.to(g.dtype), gradient), state
@@ -273,8 +277,9 @@ def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTrans
     return chain(scale_by_adam(b1, b2, eps), scale_by_rate())
 
 
-def rmsprop(decay: float = 0.99, eps: float = 1e-8, centered: bool = False, momentum: float = 0.0
-            ) -> GradientTransformation:
+def rmsprop(
+    decay: float = 0.99, eps: float = 1e-8, centered: bool = False, momentum: float = 0.0
+) -> GradientTransformation:
     """RMSprop: s_n = -alpha(t_n) h b_n, b_n = mu b_{n-1} + G_n / (sqrt(v_n) + eps) (b_n = G_n / ... when mu = 0).
 
     The numbers of torch.optim.RMSprop(lr=alpha h, alpha=decay, eps, centered, momentum).
@@ -288,7 +293,10 @@ def rmsprop(decay: float = 0.99, eps: float = 1e-8, centered: bool = False, mome
 Optimizer = Literal["sgd", "momentum", "adam", "rmsprop"]
 
 OPTIMIZERS: dict[str, Callable[..., GradientTransformation]] = {
-    "sgd": sgd, "momentum": momentum, "adam": adam, "rmsprop": rmsprop,
+    "sgd": sgd,
+    "momentum": momentum,
+    "adam": adam,
+    "rmsprop": rmsprop,
 }
 
 
@@ -310,8 +318,9 @@ def optimizer(name: Optimizer, **options: Any) -> GradientTransformation:
 def _signature(tree: PyTree) -> tuple:
     """(structure, [(shape, dtype) per leaf]): what must agree between a state and a rule's ``init``."""
     flat, spec = optree.tree_flatten(tree, none_is_leaf=False)
-    return spec, [(tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else (type(leaf).__name__,)
-                  for leaf in flat]
+    return spec, [
+        (tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else (type(leaf).__name__,) for leaf in flat
+    ]
 
 
 def _describe(tree: PyTree) -> str:
@@ -326,19 +335,24 @@ def _describe(tree: PyTree) -> str:
     return f"a {type(tree).__name__}" + (f" of ({', '.join(kinds)})" if kinds and not named(tree) else "")
 
 
-def check_opt_state(optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree,
-                    name: str = "state.opt_state") -> None:
+def check_opt_state(
+    optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree, name: str = "state.opt_state"
+) -> None:
     """Raise ``ValueError`` unless ``opt_state`` has the structure, shapes and dtypes of ``optimizer.init(theta)``
     (``()`` for ``optimizer`` None: the plain update ``fwdtrain.core.kernel.descend``). Checks structure only, so it
     runs inside the user's transforms too."""
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
-                        f"or None, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+            f"or None, got {type(optimizer).__name__}"
+        )
     expected = () if optimizer is None else optimizer.init(theta)
     if _signature(opt_state) == _signature(expected):
         return
-    fix = ("make the state with fwdtrain.init(..., optimizer=<the same rule>) (or "
-           "state._replace(opt_state=optimizer.init(state.theta))), or step it with the rule it was made for")
+    fix = (
+        "make the state with fwdtrain.init(..., optimizer=<the same rule>) (or "
+        "state._replace(opt_state=optimizer.init(state.theta))), or step it with the rule it was made for"
+    )
     given = "optimizer=None" if optimizer is None else "the optimizer given"
     have, want = _describe(opt_state), _describe(expected)
     if have == want:
@@ -351,8 +365,10 @@ def check_average(average: Any, theta: PyTree, name: str = "state.average") -> N
     if isinstance(average, tuple) and not average:
         return
     if not isinstance(average, Average):
-        raise TypeError(f"{name} must be a fwdtrain.optim.Average (from fwdtrain.init(..., average_from=t0)) "
-                        f"or None, got {type(average).__name__}")
+        raise TypeError(
+            f"{name} must be a fwdtrain.optim.Average (from fwdtrain.init(..., average_from=t0)) "
+            f"or None, got {type(average).__name__}"
+        )
     if isinstance(average.start, tuple):
         raise ValueError(f"{name} has no start time; build it with average_init(theta, average_from=t0)")
     if _signature(average.mean) != _signature(theta):
@@ -370,8 +386,10 @@ def average_init(theta: PyTree, average_from: Any = None) -> Average:
     start: Any = ()
     if average_from is not None:
         if isinstance(average_from, bool) or not isinstance(average_from, (int, float, torch.Tensor)):
-            raise TypeError(f"average_from must be a number (the time t0 the average starts) or None, "
-                            f"got {type(average_from).__name__}")
+            raise TypeError(
+                f"average_from must be a number (the time t0 the average starts) or None, "
+                f"got {type(average_from).__name__}"
+            )
         start = torch.as_tensor(average_from, dtype=torch.float64, device=device).clone()
         if start.ndim != 0:
             raise ValueError(f"average_from must be one number, got shape {tuple(start.shape)}")
@@ -387,20 +405,41 @@ def average_update(average: Average, theta: PyTree, t: Any, *, average_from: Any
     """
     start = average.start if average_from is None else average_from
     if isinstance(start, tuple):
-        raise ValueError("average_update needs the start time: pass average_from=t0 or build the average "
-                         "with average_init(theta, average_from=t0)")
+        raise ValueError(
+            "average_update needs the start time: pass average_from=t0 or build the average "
+            "with average_init(theta, average_from=t0)"
+        )
     t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
     include = t >= start
     count = average.count + include.to(average.count.dtype)
     denominator = count.clamp(min=1)
-    mean = tree_map(lambda m, th: torch.where(include, m + (th - m) / denominator.to(m.dtype), m),
-                    average.mean, theta)
+    mean = tree_map(lambda m, th: torch.where(include, m + (th - m) / denominator.to(m.dtype), m), average.mean, theta)
     return Average(mean, count, average.start)
 
 
 __all__ = [
-    "GradientTransformation", "EmptyState", "MomentumState", "AdamState", "RmsState", "Average",
-    "Optimizer", "OPTIMIZERS", "optimizer", "apply_updates", "chain", "scale_by_rate", "scale_by_momentum",
-    "scale_by_adam", "scale_by_rms", "clip_by_global_norm", "sgd", "momentum", "adam", "rmsprop",
-    "average_init", "average_update", "check_opt_state", "check_average",
+    "OPTIMIZERS",
+    "AdamState",
+    "Average",
+    "EmptyState",
+    "GradientTransformation",
+    "MomentumState",
+    "Optimizer",
+    "RmsState",
+    "adam",
+    "apply_updates",
+    "average_init",
+    "average_update",
+    "chain",
+    "check_average",
+    "check_opt_state",
+    "clip_by_global_norm",
+    "momentum",
+    "optimizer",
+    "rmsprop",
+    "scale_by_adam",
+    "scale_by_momentum",
+    "scale_by_rate",
+    "scale_by_rms",
+    "sgd",
 ]

@@ -8,11 +8,12 @@ Uses matplotlib's object API (no pyplot, no global state, no display needed).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ._tree import leaves
+from .core._tree import leaves
 
 INSTALL_HINT = "plots need matplotlib: pip install 'fwdtrain[plot]'"
 
@@ -37,19 +38,34 @@ def _figure(panels: int):
     return figure, figure.subplots(1, panels, squeeze=False)[0]
 
 
-def control_curve(control: Callable[[Any, torch.Tensor], torch.Tensor], theta: Any, lo: float = -2.0,
-                  hi: float = 2.0, points: int = 201, dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def control_curve(
+    control: Callable[[Any, torch.Tensor], torch.Tensor],
+    theta: Any,
+    lo: float = -2.0,
+    hi: float = 2.0,
+    points: int = 201,
+    dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(xs, u_0(xs e_1)): the first control component along the first state axis."""
     dtype = leaves(theta)[0].dtype
     xs = torch.linspace(lo, hi, points, dtype=dtype)
     with torch.no_grad():
-        us = torch.stack([control(theta, torch.nn.functional.pad(x.reshape(1), (0, dim - 1))).reshape(-1)[0]
-                          for x in xs])
+        us = torch.stack(
+            [control(theta, torch.nn.functional.pad(x.reshape(1), (0, dim - 1))).reshape(-1)[0] for x in xs]
+        )
     return xs, us
 
 
-def plot_control(ax, control, theta, optimal: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
-                 dim: int = 1, lo: float = -2.0, hi: float = 2.0) -> None:
+def plot_control(
+    ax,
+    control,
+    theta,
+    optimal: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    *,
+    dim: int = 1,
+    lo: float = -2.0,
+    hi: float = 2.0,
+) -> None:
     """Learned u(x) (and the optimal control, when known) on [lo, hi]."""
     xs, us = control_curve(control, theta, lo, hi, dim=dim)
     ax.plot(xs.numpy(), us.numpy(), label="learned u(x)")
@@ -76,8 +92,17 @@ def plot_cost(ax, history, optimal_cost: float | None = None) -> None:
     ax.legend()
 
 
-def plot_run(path: str | os.PathLike, history, *, control=None, theta=None, optimal_control=None,
-             optimal_cost: float | None = None, dim: int = 1, title: str | None = None) -> str:
+def plot_run(
+    path: str | os.PathLike,
+    history,
+    *,
+    control=None,
+    theta=None,
+    optimal_control=None,
+    optimal_cost: float | None = None,
+    dim: int = 1,
+    title: str | None = None,
+) -> str:
     """Write a PNG of the run to ``path`` (the control panel only when ``control`` is given)."""
     panels = 2 if control is not None else 1
     figure, axes = _figure(panels)
@@ -91,4 +116,4 @@ def plot_run(path: str | os.PathLike, history, *, control=None, theta=None, opti
     return path
 
 
-__all__ = ["available", "plot_run", "plot_control", "plot_cost", "control_curve", "INSTALL_HINT"]
+__all__ = ["INSTALL_HINT", "available", "control_curve", "plot_control", "plot_cost", "plot_run"]

@@ -1,5 +1,5 @@
-import torch
 import pytest
+import torch
 
 import fwdtrain as ft
 
@@ -22,7 +22,7 @@ def nonlinear_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
         return torch.stack([col0, col1, col2], dim=1)
 
     def cost(th, x):
-        return (x ** 2).sum() + th["w"] ** 2 * x[0] + (th["s"] * x).sum() ** 2
+        return (x**2).sum() + th["w"] ** 2 * x[0] + (th["s"] * x).sum() ** 2
 
     return ft.SDE(drift, diffusion, cost), theta
 
@@ -35,10 +35,10 @@ def diagonal_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
         return -th["k"] * x + 0.1 * x.flip(0)
 
     def diffusion(th, x):
-        return torch.nn.functional.softplus(th["b"]) * torch.sqrt(1 + x ** 2)
+        return torch.nn.functional.softplus(th["b"]) * torch.sqrt(1 + x**2)
 
     def cost(th, x):
-        return (x ** 2).sum() + (th["k"] ** 2).sum() * 0.01
+        return (x**2).sum() + (th["k"] ** 2).sum() * 0.01
 
     return ft.SDE(drift, diffusion, cost), theta
 

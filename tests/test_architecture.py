@@ -27,7 +27,7 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
     if level == 0:
         return target or ""
     base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[:len(base) - (level - 1)]
+    base = base[: len(base) - (level - 1)]
     return ".".join(base + ([target] if target else []))
 
 
@@ -71,7 +71,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -101,8 +101,13 @@ def _private_uses() -> list[str]:
         tree = ast.parse(path.read_text())
         aliases: dict[str, str] = {}  # local name -> fwdtrain module it is bound to
         for target, imported, line in _imports(name, path, modules):
-            if imported is not None and imported.startswith("_") and not imported.startswith("__") \
-                    and target != name and target not in PRIVATE_MODULES:
+            if (
+                imported is not None
+                and imported.startswith("_")
+                and not imported.startswith("__")
+                and target != name
+                and target not in PRIVATE_MODULES
+            ):
                 found.append(f"{name}:{line} imports {target}.{imported}")
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
@@ -117,8 +122,12 @@ def _private_uses() -> list[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 target = aliases[node.value.id]
-                if node.attr.startswith("_") and not node.attr.startswith("__") and target != name \
-                        and target not in PRIVATE_MODULES:
+                if (
+                    node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and target != name
+                    and target not in PRIVATE_MODULES
+                ):
                     found.append(f"{name}:{node.lineno} uses {target}.{node.attr}")
     return found
 

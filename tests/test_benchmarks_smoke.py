@@ -18,8 +18,13 @@ HAS_JAX = importlib.util.find_spec("jax") is not None
 
 def run_module(module: str, tmp_path: Path, *args: str) -> dict:
     out = tmp_path / f"{module}.json"
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args, "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -77,7 +82,7 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
     state = ft.init(problem.sde, problem.theta, problem.x0, particles)
     jax_state = jax_impl.init_state({k: v.numpy() for k, v in problem.theta.items()}, problem.x0.numpy(), particles)
     step = jax.jit(jax_impl.make_step(problems.jax_coefficients(problem), problem.dt, problem.lr))
-    noise = torch.randn(30, particles, d, generator=torch.Generator().manual_seed(2)) * problem.dt ** 0.5
+    noise = torch.randn(30, particles, d, generator=torch.Generator().manual_seed(2)) * problem.dt**0.5
     for dw in noise:
         state, _ = advance(problem.sde, state, dw, problem.dt, problem.lr, "reverse")
         jax_state, _ = step(jax_state, jax.numpy.asarray(dw.numpy()))
@@ -92,7 +97,12 @@ def test_bench_eager_quick(tmp_path):
     rows = run_module("bench_eager", tmp_path, "--quick")["rows"]
     variants = {(row["particles"], row["variant"]) for row in rows}
     for particles in (1, 100):
-        for variant in ("seed loop", "generic SDE, inferred noise", "ControlledSDE, additive", "check_step_inputs only"):
+        for variant in (
+            "seed loop",
+            "generic SDE, inferred noise",
+            "ControlledSDE, additive",
+            "check_step_inputs only",
+        ):
             assert (particles, variant) in variants
     assert all(row["steps_per_s"] > 0 for row in rows)
 
@@ -114,7 +124,7 @@ def test_jax_hand_computes_what_fwdtrain_computes():
     state = ft.init(problem.sde, problem.theta, problem.x0, particles)
     hand = jax_hand.init({k: v.numpy() for k, v in problem.theta.items()}, 1.0, particles)
     step = jax.jit(jax_hand.make_step(problem.dt, lambda t: problem.lr))
-    noise = torch.randn(30, particles, 1, generator=torch.Generator().manual_seed(2)) * problem.dt ** 0.5
+    noise = torch.randn(30, particles, 1, generator=torch.Generator().manual_seed(2)) * problem.dt**0.5
     for dw in noise:
         state, info = advance(problem.sde, state, dw, problem.dt, problem.lr, "reverse")
         hand, cost = step(hand, jax.numpy.asarray(dw[:, 0].numpy()))

@@ -25,7 +25,7 @@ def _ou(dtype=torch.float64):
 
 def _exact_gradient(mean, scale):
     """grad of (E X - 1)^2 + (E X^2 - 1.5)^2 with E X = mean, E X^2 = scale^2 / (2 kappa) + mean^2."""
-    e1, e2 = mean - 1.0, scale ** 2 / (2 * KAPPA) + mean ** 2 - 1.5
+    e1, e2 = mean - 1.0, scale**2 / (2 * KAPPA) + mean**2 - 1.5
     return {"mean": 2 * (e1 + e2 * 2 * mean), "scale": 2 * e2 * scale / KAPPA}
 
 
@@ -58,8 +58,12 @@ def test_split_estimator_is_unbiased_where_one_group_is_not():
     returns the split estimate phi_1 Dphi_2 + phi_2 Dphi_1 (checked exactly); its mean over 10^5 independent
     pairs is within 2% (about 4 standard errors) of grad J."""
     value = 0.5
-    problem = cal.calibration(lambda th, x: 0 * x, lambda th, x: 0 * x + 1.0, lambda th, x: x.square(),
-                              targets=torch.tensor([0.0], dtype=torch.float64))
+    problem = cal.calibration(
+        lambda th, x: 0 * x,
+        lambda th, x: 0 * x + 1.0,
+        lambda th, x: x.square(),
+        targets=torch.tensor([0.0], dtype=torch.float64),
+    )
     theta = {"c": torch.tensor(value, dtype=torch.float64)}
     x = value + torch.randn(200_000, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     two = ft.State(x[:2], {"c": torch.ones(2, 1, dtype=torch.float64)}, theta, torch.zeros((), dtype=torch.float64))
@@ -67,8 +71,8 @@ def test_split_estimator_is_unbiased_where_one_group_is_not():
     phi, d_phi = x[:, 0].square(), 2 * x[:, 0]
     assert float(info.gradient["c"]) == pytest.approx(float(phi[0] * d_phi[1] + phi[1] * d_phi[0]))
     split = (phi[0::2] * d_phi[1::2] + phi[1::2] * d_phi[0::2]).mean()
-    exact = 4 * value * (value ** 2 + 1)
-    one_group = 4 * (value ** 3 + 3 * value)
+    exact = 4 * value * (value**2 + 1)
+    one_group = 4 * (value**3 + 3 * value)
     assert float(split) == pytest.approx(exact, rel=0.02)
     assert float((phi * d_phi).mean() * 2) == pytest.approx(one_group, rel=0.02)
     assert abs(one_group - exact) > 0.4 * exact
@@ -104,8 +108,13 @@ def test_errors():
     with pytest.raises(ValueError, match="targets"):
         cal.calibration(lambda th, x: x, lambda th, x: x, lambda th, x: x, targets=torch.zeros(()))
     with pytest.raises(ValueError, match="observables returned"):
-        cal.init(cal.calibration(problem.sde.drift, problem.sde.diffusion, lambda th, x: x,
-                                 targets=torch.zeros(2, dtype=torch.float64)), theta, torch.zeros(2, 1, dtype=torch.float64))
+        cal.init(
+            cal.calibration(
+                problem.sde.drift, problem.sde.diffusion, lambda th, x: x, targets=torch.zeros(2, dtype=torch.float64)
+            ),
+            theta,
+            torch.zeros(2, 1, dtype=torch.float64),
+        )
 
 
 def test_double_well_gradient_matches_quadrature():
@@ -124,8 +133,12 @@ def test_double_well_gradient_matches_quadrature():
         down[i] -= eps
         dm = [(u - d) / (2 * eps) for u, d in zip(double_well_moments(*up), double_well_moments(*down))]
         exact.append(2 * sum(e * g for e, g in zip(errors, dm)))
-    problem = cal.calibration(ex.sde.drift, ex.sde.diffusion, lambda th, x: torch.cat([x ** 2, x ** 4]),
-                              targets=torch.tensor(targets, dtype=torch.float64))
+    problem = cal.calibration(
+        ex.sde.drift,
+        ex.sde.diffusion,
+        lambda th, x: torch.cat([x**2, x**4]),
+        targets=torch.tensor(targets, dtype=torch.float64),
+    )
     theta = {"a": torch.tensor(point[0], dtype=torch.float64), "b": torch.tensor(point[1], dtype=torch.float64)}
     state = cal.init(problem, theta, torch.zeros(1, dtype=torch.float64), 128)
     state, _ = ft.run(problem, state, 300, 0.01, 0.0, noise=3)
@@ -148,7 +161,7 @@ def test_trains_through_the_driver():
     problem = _ou()
     theta = {"mean": torch.tensor(0.5, dtype=torch.float64), "scale": torch.tensor(0.8, dtype=torch.float64)}
     state = cal.init(problem, theta, torch.full((8, 1), 0.5, dtype=torch.float64))
-    options = {"record_every": 30, "progress": False}
+    options = {"save": ft.SaveAt(30)}
     whole, history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, compile=ft.Compile("auto", chunk=7), **options)
     alias, _ = ft.run(problem, state, 90, 0.01, 0.1, noise=5, **options)
     half, first = ft.run(problem, state, 60, 0.01, 0.1, noise=5, **options)
@@ -163,9 +176,17 @@ def test_trains_through_the_driver():
         by_hand, info = cal.step_with_info(problem, by_hand, dw, 0.01, 0.1)
         objectives.append(float(info.objective))
     assert all(torch.equal(a, b) for a, b in zip(leaves(whole), leaves(by_hand)))
-    assert history.cost.tolist() == pytest.approx([sum(objectives[i:i + 30]) / 30 for i in (0, 30, 60)], rel=1e-12)
+    assert history.cost.tolist() == pytest.approx([sum(objectives[i : i + 30]) / 30 for i in (0, 30, 60)], rel=1e-12)
 
-    frozen, _ = ft.run(problem, state, 20, 0.01, 0.1, hooks=(ft.driver.GradientHook(lambda g: tree_map(torch.zeros_like, g)),), **options)
+    frozen, _ = ft.run(
+        problem,
+        state,
+        20,
+        0.01,
+        0.1,
+        hooks=(ft.driver.GradientHook(lambda g: tree_map(torch.zeros_like, g)),),
+        **options,
+    )
     assert all(torch.equal(frozen.theta[k], state.theta[k]) for k in theta)
     odd = ft.init(problem.sde, theta, torch.zeros(3, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="even number"):
@@ -176,6 +197,8 @@ def test_trains_through_the_driver():
     for compiled in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=30)}):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            fast, fast_history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, solver=ft.Euler(mode="reverse"), **compiled, **options)
+            fast, fast_history = ft.run(
+                problem, state, 90, 0.01, 0.1, noise=5, solver=ft.Euler(mode="reverse"), **compiled, **options
+            )
         for a, b in zip(leaves((eager, eager_history.cost)), leaves((fast, fast_history.cost))):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.driver import checkpoint
 from fwdtrain.core._tree import leaves, tree_map
+from fwdtrain.driver import checkpoint
 
 DT = 0.01
 

@@ -11,8 +11,8 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli, examples
-from fwdtrain.driver import hooks as checkpointing
 from fwdtrain.core._tree import leaves
+from fwdtrain.driver import hooks as checkpointing
 
 DT, LR = 0.01, 0.5
 
@@ -54,7 +54,14 @@ def test_run_probes_the_checkpoint_path_before_the_first_step(tmp_path):
     steps = []
     for what, path in _bad_paths(tmp_path).items():
         with pytest.raises(ft.CheckpointError, match="cannot write the checkpoint") as caught:
-            ft.run(sde, state, 10, DT, LR, hooks=(ft.driver.Callback(lambda n, s: steps.append(n), 1), ft.Checkpointing(path)))
+            ft.run(
+                sde,
+                state,
+                10,
+                DT,
+                LR,
+                hooks=(ft.driver.Callback(lambda n, s: steps.append(n), 1), ft.Checkpointing(path)),
+            )
         assert str(path) in str(caught.value), what
     assert steps == []  # refused before stepping
     os.chmod(tmp_path / "locked", 0o700)
@@ -113,8 +120,9 @@ def test_cli_resume_refuses_another_seed_and_foreign_or_historyless_checkpoints(
     capsys.readouterr()
 
     # an API checkpoint of another SDE, with its history
-    sde = ft.SDE(drift=lambda th, x: -th["k"] * x, diffusion=lambda th, x: torch.ones_like(x),
-                 cost=lambda th, x: (x * x).sum())
+    sde = ft.SDE(
+        drift=lambda th, x: -th["k"] * x, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
+    )
     theta = {"k": torch.tensor(1.0, dtype=torch.float64)}
     state, history = ft.run(sde, ft.init(sde, theta, torch.zeros(1, dtype=torch.float64), 3), 5, DT, LR)
     foreign = tmp_path / "foreign.pt"
@@ -133,10 +141,12 @@ def test_a_second_interrupt_during_the_evaluation_still_prints_the_training(tmp_
     def interrupted_evaluation(**options):
         def evaluate(theta):
             raise KeyboardInterrupt
+
         return _tiny(**options)._replace(evaluate=evaluate)
 
     monkeypatch.setitem(examples.REGISTRY, "tiny", interrupted_evaluation)
     assert cli.main(["tiny", "--no-plot", "--json"]) == 130
     import json
+
     result = json.loads(capsys.readouterr().out)
     assert result["steps"] == 40 and result["interrupted"] and "evaluation interrupted" in result["plot_note"]

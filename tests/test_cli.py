@@ -20,16 +20,30 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny(*, particles=3, dt=0.01, steps=40, lr=0.5, seed=0, dtype=torch.float64):
     """lqr-1d with a 4-unit network and a cheap evaluate, for fast in-process CLI tests."""
     ex = examples.lqr_1d(particles=particles, dt=dt, steps=steps, lr=lr, seed=seed, dtype=dtype, hidden=4)
-    return ex._replace(name="tiny", lr=ft.schedules.constant(lr),
-                       evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5})
+    return ex._replace(
+        name="tiny",
+        lr=ft.schedules.constant(lr),
+        evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5},
+    )
 
 
 def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
     """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
-    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
-                 cost=lambda th, x: (x * x).sum())
-    return Example("boom", sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype),
-                   particles, dt, steps, ft.schedules.constant(lr), {"cost": 1.0}, lambda theta: {"cost": 1.0})
+    sde = ft.SDE(
+        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
+    )
+    return Example(
+        "boom",
+        sde,
+        {"a": torch.tensor(1.0, dtype=dtype)},
+        torch.full((1,), 2.0, dtype=dtype),
+        particles,
+        dt,
+        steps,
+        ft.schedules.constant(lr),
+        {"cost": 1.0},
+        lambda theta: {"cost": 1.0},
+    )
 
 
 @pytest.fixture
@@ -40,11 +54,17 @@ def registry(monkeypatch):
 
 def test_module_entry_point_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "fwdtrain", "--steps", "100", "--particles", "8"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "fwdtrain", "--steps", "100", "--particles", "8"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     number = r"(-?[0-9.]+(?:e[-+]?\d+)?)"
-    for metric, reference in (("slope", -(2 ** 0.5 - 1)), ("cost", 2 ** 0.5 - 1)):
+    for metric, reference in (("slope", -(2**0.5 - 1)), ("cost", 2**0.5 - 1)):
         row = re.search(rf"^{metric}\s+{number}\s+{number}\s+{number}%", done.stdout, re.M)
         assert row, done.stdout
         assert abs(float(row.group(2)) - reference) < 1e-4 and float(row.group(1)) != float(row.group(2))
@@ -62,9 +82,11 @@ def test_json_checkpoint_and_resume_equal_one_run(registry, tmp_path, capsys):
     assert cli.main(["tiny", "--steps", "30", "--checkpoint", str(first), "--json", "--no-plot"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 30 and set(out["metrics"]) == {"slope", "cost"}
-    assert out["metrics"]["cost"]["relative_error"] == pytest.approx(abs(0.5 - (2 ** 0.5 - 1)) / (2 ** 0.5 - 1))
-    assert cli.main(["tiny", "--resume", str(first), "--steps", "70", "--checkpoint", str(resumed), "--json",
-                     "--no-plot"]) == 0
+    assert out["metrics"]["cost"]["relative_error"] == pytest.approx(abs(0.5 - (2**0.5 - 1)) / (2**0.5 - 1))
+    assert (
+        cli.main(["tiny", "--resume", str(first), "--steps", "70", "--checkpoint", str(resumed), "--json", "--no-plot"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["steps_this_run"] == 40
     assert cli.main(["tiny", "--steps", "70", "--checkpoint", str(whole), "--no-plot"]) == 0
     assert "slope" in capsys.readouterr().out
@@ -72,14 +94,17 @@ def test_json_checkpoint_and_resume_equal_one_run(registry, tmp_path, capsys):
     assert all(torch.equal(x, y) for x, y in zip(ft.core._tree.leaves(a), ft.core._tree.leaves(b)))
 
 
-@pytest.mark.parametrize("argv", [
-    ["tiny", "--dtype", "float16"],
-    ["tiny", "--steps", "ten"],
-    ["tiny", "--steps", "-3"],
-    ["tiny", "--dt", "-0.1"],
-    ["tiny", "--resume", "/nonexistent/run.pt"],
-    ["no-such-problem"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tiny", "--dtype", "float16"],
+        ["tiny", "--steps", "ten"],
+        ["tiny", "--steps", "-3"],
+        ["tiny", "--dt", "-0.1"],
+        ["tiny", "--resume", "/nonexistent/run.pt"],
+        ["no-such-problem"],
+    ],
+)
 def test_bad_options_exit_nonzero_with_one_line(registry, argv, capsys):
     assert cli.main(argv + ["--no-plot"]) == 2
     err = capsys.readouterr().err
@@ -102,6 +127,7 @@ def test_interrupt_prints_results_and_saves(registry, tmp_path, capsys, monkeypa
         def stop(n, state):
             if n == 20:
                 raise KeyboardInterrupt
+
         return real_run(*args, hooks=(*hooks, ft.driver.Callback(stop, 10)), **kwargs)
 
     monkeypatch.setattr(cli_train, "run", interrupted_run)
@@ -190,7 +216,7 @@ def test_ensemble_prints_each_member_and_the_spread(registry, tmp_path, capsys):
     assert [m["seed"] for m in result["members"]] == [0, 1] and result["diverged"] == []
     slopes = [m["metrics"]["slope"]["learned"] for m in result["members"]]
     assert result["summary"]["slope"]["mean"] == pytest.approx(sum(slopes) / 2)
-    assert result["summary"]["slope"]["std"] == pytest.approx(abs(slopes[0] - slopes[1]) / 2 ** 0.5)
+    assert result["summary"]["slope"]["std"] == pytest.approx(abs(slopes[0] - slopes[1]) / 2**0.5)
     assert cli.main(["tiny", "--steps", "30", "--seed", "1", "--json", "--no-plot"]) == 0
     assert json.loads(capsys.readouterr().out)["metrics"]["slope"]["learned"] == slopes[1]
     assert cli.main(["tiny", "--resume", str(path), "--steps", "40", "--json", "--no-plot"]) == 0
@@ -201,8 +227,24 @@ def test_ensemble_prints_each_member_and_the_spread(registry, tmp_path, capsys):
 
 def test_ensemble_with_an_optimizer_and_averaging(registry, capsys):
     """--ensemble with --optimizer adam --average-from: each member reports its averaged theta too."""
-    assert cli.main(["tiny", "--steps", "30", "--ensemble", "2", "--optimizer", "adam", "--average-from", "0.1",
-                     "--json", "--no-plot"]) == 0
+    assert (
+        cli.main(
+            [
+                "tiny",
+                "--steps",
+                "30",
+                "--ensemble",
+                "2",
+                "--optimizer",
+                "adam",
+                "--average-from",
+                "0.1",
+                "--json",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     for m in result["members"]:
         assert m["optimizer"] == "adam" and m["average_from"] == 0.1 and m["averaged_iterates"] == 20

@@ -53,7 +53,7 @@ def test_compiled_run_equals_eager_and_a_second_call_never_compiles():
     before = kernels.counts()
     again, _ = ft.run(ex.sde, state, 26, DT, ex.lr, 3, compile=True, **options)
     continued, _ = ft.run(ex.sde, (compiled, compiled_history), 30, DT, ex.lr, compile=True, **options)
-    other_rate, _ = ft.run(ex.sde, state, 26, DT, 0.25, 3, compile=True, **options)
+    _other_rate, _ = ft.run(ex.sde, state, 26, DT, 0.25, 3, compile=True, **options)
     assert kernels.counts() == before  # not one trace, compile or load more
     assert_trees_close(again, compiled, rtol=0, atol=0)
     whole, _ = ft.run(ex.sde, state, 56, DT, ex.lr, 3, compile=False, **options)
@@ -72,10 +72,16 @@ def test_a_new_process_loads_the_kernel_from_disk_without_compiling(tmp_path):
         "state = ft.init(ex.sde, ex.theta, torch.tensor([[0.8], [-0.2], [1.5]], dtype=torch.float64))\n"
         "s, h = ft.run(ex.sde, state, 12, 0.01, ex.lr, 3, compile=True, save=ft.SaveAt(10), checks=ft.Checks(10))\n"
         "e, _ = ft.run(ex.sde, state, 12, 0.01, ex.lr, 3, compile=False, save=ft.SaveAt(10), checks=ft.Checks(10))\n"
-        "print(json.dumps({**kernels.counts(), 'diff': float((s.x - e.x).abs().max())}))\n")
+        "print(json.dumps({**kernels.counts(), 'diff': float((s.x - e.x).abs().max())}))\n"
+    )
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script], capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
@@ -100,6 +106,7 @@ def test_step_with_compile_equals_the_eager_step():
 def test_the_key_covers_what_the_graph_depends_on():
     """Changing a closed-over tensor's value, a shape, a dtype or an option names another package: a kernel
     built for other numbers can never be loaded for these."""
+
     def graph_key(scale, particles=2, dtype=torch.float64, options=None):
         matrix = torch.tensor([[scale]], dtype=dtype)
         traced = ft.compile.graphs.trace(lambda x: x @ matrix, (torch.ones(particles, 1, dtype=dtype),))
@@ -108,8 +115,18 @@ def test_the_key_covers_what_the_graph_depends_on():
 
     first = graph_key(1.0)
     assert graph_key(1.0) == first
-    assert len({first, graph_key(2.0), graph_key(1.0, particles=3), graph_key(1.0, dtype=torch.float32),
-                graph_key(1.0, options={"cpp.threads": 2})}) == 5
+    assert (
+        len(
+            {
+                first,
+                graph_key(2.0),
+                graph_key(1.0, particles=3),
+                graph_key(1.0, dtype=torch.float32),
+                graph_key(1.0, options={"cpp.threads": 2}),
+            }
+        )
+        == 5
+    )
 
 
 def test_a_corrupt_package_is_set_aside_with_one_warning_and_rebuilt(tmp_path, monkeypatch):
@@ -131,7 +148,7 @@ def test_a_corrupt_package_is_set_aside_with_one_warning_and_rebuilt(tmp_path, m
     monkeypatch.setattr(ft._compat, "aot_compile", fake_compile)
     monkeypatch.setattr(ft._compat, "aot_load", fake_load)
     kernels.clear()
-    fn = lambda x: x * 2  # noqa: E731
+    fn = lambda x: x * 2
     x = torch.arange(3.0, dtype=torch.float64)
     kernel = ft.compile.function_kernel(fn, (x,), key="doubling", options=ft.Compile(True))
     assert torch.equal(kernel(x), x * 2) and len(built) == 1
@@ -182,8 +199,12 @@ def test_the_dynamo_route_equals_eager_and_respects_the_recompile_limit():
     of their own (dynamo counts its recompile limit of 8 per code object)."""
     for i in range(12):
         control = eval(f"lambda th, x: -th['k'] * x * {1 + i / 100}")  # a new code object per problem
-        sde = ft.ControlledSDE(control=control, drift=lambda x, u: -x + u,
-                               diffusion=lambda x, u: torch.ones_like(x), cost=lambda x, u: (x * x + u * u).sum())
+        sde = ft.ControlledSDE(
+            control=control,
+            drift=lambda x, u: -x + u,
+            diffusion=lambda x, u: torch.ones_like(x),
+            cost=lambda x, u: (x * x + u * u).sum(),
+        )
         state = ft.init(sde, {"k": torch.tensor(0.2, dtype=torch.float64)}, torch.ones(1, dtype=torch.float64), 3)
         eager, _ = ft.run(sde, state, 4, DT, 0.1, compile=False)
         with warnings.catch_warnings():

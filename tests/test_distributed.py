@@ -41,8 +41,13 @@ def _reference(particles: list[int], steps: int, every: int = 1):
     """
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=sum(particles))
-    noise = torch.cat([ft.noise.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
-                       for r, n in enumerate(particles)], dim=1)
+    noise = torch.cat(
+        [
+            ft.noise.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r), dtype=torch.float64).draw(steps)
+            for r, n in enumerate(particles)
+        ],
+        dim=1,
+    )
     costs, window = [], None
     for n, dw in enumerate(noise, start=1):
         if every == 1:
@@ -69,8 +74,18 @@ def _train_worker(particles: list[int], every: int, repeats: int):
     for _ in range(repeats):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            final, history = D.distributed_run(ex.sde, state, STEPS, DT, LR, seed=SEED, save=ft.SaveAt(10),
-                                               every=every, checks=ft.Checks(10), verbose=True)
+            final, history = D.distributed_run(
+                ex.sde,
+                state,
+                STEPS,
+                DT,
+                LR,
+                seed=SEED,
+                save=ft.SaveAt(10),
+                every=every,
+                checks=ft.Checks(10),
+                verbose=True,
+            )
         runs.append((final, history, out.getvalue()))
     return runs, _composed_loop(ex, state, every)
 
@@ -79,8 +94,9 @@ def _composed_loop(ex, state, every):
     """The pieces: fwdtrain.run with noise=rank_seed(seed) and a GroupHook; and one's own loop over the kernel's
     advance with reduce=gradient_mean(...) and the same noise."""
     hook = D.GroupHook(state.particles, every=every)
-    final, _ = ft.run(ex.sde, state, STEPS, DT, LR, D.rank_seed(SEED), save=ft.SaveAt(10), checks=ft.Checks(10),
-                      hooks=(hook,))
+    final, _ = ft.run(
+        ex.sde, state, STEPS, DT, LR, D.rank_seed(SEED), save=ft.SaveAt(10), checks=ft.Checks(10), hooks=(hook,)
+    )
     reduce = D.gradient_mean(every, weight=state.particles)
     noise = ft.noise.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
     plan = ft.problems.CostForm(ex.sde).plan(state)
@@ -125,11 +141,16 @@ def _outcome(fn):
     try:
         fn()
         return {"type": None}
-    except Exception as error:  # noqa: BLE001 - reported to the test
-        return {"type": type(error).__name__, "message": str(error), "reason": getattr(error, "reason", None),
-                "ranks": getattr(error, "ranks", None), "step": getattr(error, "step", None),
-                "has_state": isinstance(getattr(error, "state", None), ft.State),
-                "seconds": time.monotonic() - started}
+    except Exception as error:
+        return {
+            "type": type(error).__name__,
+            "message": str(error),
+            "reason": getattr(error, "reason", None),
+            "ranks": getattr(error, "ranks", None),
+            "step": getattr(error, "step", None),
+            "has_state": isinstance(getattr(error, "state", None), ft.State),
+            "seconds": time.monotonic() - started,
+        }
 
 
 def _failures_worker():
@@ -251,21 +272,33 @@ def test_single_process_divergence_is_a_group_error():
 
 def test_interrupt_returns_the_last_checked_state_and_saves_it(tmp_path):
     ex = _lqr()
-    sde = ft.ControlledSDE(ex.sde.control, _Fault(12, "interrupt"), ex.sde.controlled_diffusion,
-                           ex.sde.controlled_cost)
+    sde = ft.ControlledSDE(ex.sde.control, _Fault(12, "interrupt"), ex.sde.controlled_diffusion, ex.sde.controlled_cost)
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
     path = tmp_path / "ck.pt"
-    final, history = D.distributed_run(sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5), save=ft.SaveAt(5),
-                                       hooks=(ft.Checkpointing(path),))
-    assert bool(history.interrupted) and history.steps == int(round(float(final.t) / DT)) and history.steps % 5 == 0
+    final, history = D.distributed_run(
+        sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5), save=ft.SaveAt(5), hooks=(ft.Checkpointing(path),)
+    )
+    assert bool(history.interrupted) and history.steps == round(float(final.t) / DT) and history.steps % 5 == 0
     saved = D.load_group(path)
-    assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves((saved.state, saved.history.step)),
-                                                  ft.core._tree.leaves((final, history.step))))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            ft.core._tree.leaves((saved.state, saved.history.step)), ft.core._tree.leaves((final, history.step))
+        )
+    )
     # continuing the saved run equals the run never interrupted
     plain = ft.init(ex.sde, ex.theta, ex.x0, particles=2)
     whole, _ = D.distributed_run(ex.sde, plain, 30, DT, LR, seed=SEED, checks=ft.Checks(5), save=ft.SaveAt(5))
-    rest, _ = D.distributed_run(ex.sde, (saved.state, saved.history), 30 - history.steps, DT, LR, seed=SEED,
-                                checks=ft.Checks(5), save=ft.SaveAt(5))
+    rest, _ = D.distributed_run(
+        ex.sde,
+        (saved.state, saved.history),
+        30 - history.steps,
+        DT,
+        LR,
+        seed=SEED,
+        checks=ft.Checks(5),
+        save=ft.SaveAt(5),
+    )
     assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(rest), ft.core._tree.leaves(whole)))
 
 
@@ -304,8 +337,11 @@ def test_two_ranks_equal_one_process_reproducibly_and_only_rank_0_prints():
     assert all(run[2] == "" for run in ranks[1][0])
 
 
-@pytest.mark.parametrize("particles, every", [([2, 2, 2], 1), ([3, 1, 2], 1), ([2, 2, 2], 4)],
-                         ids=["equal", "unequal-particles", "accumulate-4"])
+@pytest.mark.parametrize(
+    "particles, every",
+    [([2, 2, 2], 1), ([3, 1, 2], 1), ([2, 2, 2], 4)],
+    ids=["equal", "unequal-particles", "accumulate-4"],
+)
 def test_three_ranks_equal_one_process(particles, every):
     ranks = D.launch(_train_worker, 3, (particles, every, 1), timeout=LAUNCH_TIMEOUT)
     _assert_matches_reference(ranks, particles, every)
@@ -368,11 +404,21 @@ def _cli_worker(folder: str, argv: list[str]):
 
 def _boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
     """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
-    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
-                 cost=lambda th, x: (x * x).sum())
-    return ft.examples.Example("boom", sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype),
-                               particles, dt, steps, ft.schedules.constant(lr), {"cost": 1.0},
-                               lambda theta: {"cost": 1.0})
+    sde = ft.SDE(
+        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
+    )
+    return ft.examples.Example(
+        "boom",
+        sde,
+        {"a": torch.tensor(1.0, dtype=dtype)},
+        torch.full((1,), 2.0, dtype=dtype),
+        particles,
+        dt,
+        steps,
+        ft.schedules.constant(lr),
+        {"cost": 1.0},
+        lambda theta: {"cost": 1.0},
+    )
 
 
 def _cli_boom_worker(folder: str):
@@ -399,10 +445,15 @@ def _torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
     if not os.path.exists(torchrun):
         pytest.skip("torchrun not installed next to the interpreter")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "fwdtrain", *args],
-                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "fwdtrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
@@ -423,16 +474,28 @@ def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
     assert not torch.equal(saved.metadata["ranks"][0]["x"], saved.metadata["ranks"][1]["x"])  # own noise
 
     # the same command line on a group made by launch (quicker to start than torchrun)
-    resumed = D.launch(_cli_worker, 2, (str(tmp_path), ["--resume", "a.pt", "--steps", "120", "--checkpoint", "b.pt",
-                                                        "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
-    whole = D.launch(_cli_worker, 2, (str(tmp_path), ["--steps", "120", "--particles", "8", "--checkpoint", "c.pt",
-                                                      "--no-plot", "--json"]), timeout=LAUNCH_TIMEOUT)
+    resumed = D.launch(
+        _cli_worker,
+        2,
+        (str(tmp_path), ["--resume", "a.pt", "--steps", "120", "--checkpoint", "b.pt", "--no-plot", "--json"]),
+        timeout=LAUNCH_TIMEOUT,
+    )
+    whole = D.launch(
+        _cli_worker,
+        2,
+        (str(tmp_path), ["--steps", "120", "--particles", "8", "--checkpoint", "c.pt", "--no-plot", "--json"]),
+        timeout=LAUNCH_TIMEOUT,
+    )
     for (code0, out0), (code1, out1) in (resumed, whole):
         assert code0 == code1 == 0 and out1 == ""
         assert json.loads(out0)["steps"] == 120 and json.loads(out0)["steps_this_run"] in (60, 120)
     b, c = ft.load(tmp_path / "b.pt"), ft.load(tmp_path / "c.pt")
-    assert all(torch.equal(u, v) for u, v in zip(ft.core._tree.leaves((b.state, b.metadata["ranks"])),
-                                                  ft.core._tree.leaves((c.state, c.metadata["ranks"]))))
+    assert all(
+        torch.equal(u, v)
+        for u, v in zip(
+            ft.core._tree.leaves((b.state, b.metadata["ranks"])), ft.core._tree.leaves((c.state, c.metadata["ranks"]))
+        )
+    )
     assert torch.equal(b.history.average_cost[-1], c.history.average_cost[-1])
 
     # one process cannot continue a group's run
@@ -441,8 +504,7 @@ def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
 
 def test_benchmark_quick(monkeypatch, capsys):
     """benchmarks/distributed.py --quick: one line per process count."""
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                             "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import importlib
 
     bench = importlib.import_module("distributed")
@@ -461,13 +523,18 @@ def _compiled_worker(particles: int):
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
     out = {}
     import warnings
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quick = ft.Compile(True, route="dynamo", backend="eager")
-        for name, options in (("eager", {"compile": False}), ("compiled", {"compile": quick}),
-                              ("chunked", {"compile": quick._replace(chunk=4)})):
-            out[name] = D.distributed_run(ex.sde, state, 20, DT, LR, seed=SEED, save=ft.SaveAt(10), checks=ft.Checks(10),
-                                          **options)
+        for name, options in (
+            ("eager", {"compile": False}),
+            ("compiled", {"compile": quick}),
+            ("chunked", {"compile": quick._replace(chunk=4)}),
+        ):
+            out[name] = D.distributed_run(
+                ex.sde, state, 20, DT, LR, seed=SEED, save=ft.SaveAt(10), checks=ft.Checks(10), **options
+            )
     out["fallbacks"] = [str(w.message) for w in caught if "eagerly instead" in str(w.message)]
     return out
 
@@ -479,7 +546,9 @@ def test_compile_and_fuse_under_a_group_equal_the_eager_run():
         eager_state, eager_history = out["eager"]
         for name in ("compiled", "chunked"):
             state, history = out[name]
-            for a, b in zip(ft.core._tree.leaves((eager_state, eager_history.cost)), ft.core._tree.leaves((state, history.cost))):
+            for a, b in zip(
+                ft.core._tree.leaves((eager_state, eager_history.cost)), ft.core._tree.leaves((state, history.cost))
+            ):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     theta0 = ft.core._tree.leaves(ranks[0]["chunked"][0].theta)
     assert all(torch.equal(a, b) for a, b in zip(theta0, ft.core._tree.leaves(ranks[1]["chunked"][0].theta)))
@@ -489,16 +558,38 @@ def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
     """RANK/WORLD_SIZE set by hand (no torchrun agent): kill rank 0 mid-run; rank 1 exits 1 and says why."""
     import signal
     import socket
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     started = tmp_path / "started.pt"  # rank 0 writes it at step 20: both ranks are then training
-    argv = [sys.executable, "-m", "fwdtrain", "lqr-1d", "--steps", "10000000", "--no-plot", "--no-compile",
-            "--checkpoint", str(started), "--checkpoint-every", "20"]
-    ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in range(2)]
+    argv = [
+        sys.executable,
+        "-m",
+        "fwdtrain",
+        "lqr-1d",
+        "--steps",
+        "10000000",
+        "--no-plot",
+        "--no-compile",
+        "--checkpoint",
+        str(started),
+        "--checkpoint-every",
+        "20",
+    ]
+    ranks = [
+        subprocess.Popen(
+            argv,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for r in range(2)
+    ]
     try:
         deadline = time.monotonic() + 300  # a condition to wait for, with a generous bound: never a fixed sleep
         while not started.exists() and time.monotonic() < deadline and all(p.poll() is None for p in ranks):

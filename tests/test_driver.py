@@ -14,8 +14,12 @@ DT = 0.01
 
 def linear_problem(dtype=torch.float64, particles=4, k=0.2):
     """dX = (-X + u) dt + dW, u = -k X, cost X^2 + u^2: one parameter, cheap steps."""
-    sde = ft.ControlledSDE(control=lambda th, x: -th["k"] * x, drift=lambda x, u: -x + u,
-                           diffusion=lambda x, u: torch.ones_like(x), cost=lambda x, u: (x * x + u * u).sum())
+    sde = ft.ControlledSDE(
+        control=lambda th, x: -th["k"] * x,
+        drift=lambda x, u: -x + u,
+        diffusion=lambda x, u: torch.ones_like(x),
+        cost=lambda x, u: (x * x + u * u).sum(),
+    )
     theta = {"k": torch.tensor(k, dtype=dtype)}
     return sde, ft.init(sde, theta, torch.ones(1, dtype=dtype), particles)
 
@@ -32,7 +36,10 @@ def tensors(history):
 def test_chunk_size_and_seed_reproducibility():
     sde, state = linear_problem()
     lr = ft.schedules.constant(0.5)
-    runs = [ft.run(sde, state, 130, DT, lr, noise=7, save=ft.SaveAt(25), compile=ft.Compile("auto", chunk=c)) for c in (1, 7, 64, 1000)]
+    runs = [
+        ft.run(sde, state, 130, DT, lr, noise=7, save=ft.SaveAt(25), compile=ft.Compile("auto", chunk=c))
+        for c in (1, 7, 64, 1000)
+    ]
     for final, history in runs[1:]:
         assert same(final, runs[0][0]) and same(tensors(history), tensors(runs[0][1]))
     other, _ = ft.run(sde, state, 10, DT, lr, noise=8)
@@ -53,13 +60,21 @@ def test_run_is_the_loop_over_step_with_its_noise():
     assert same(final, s)
     assert history.step.tolist() == [20, 40, 60]
     assert torch.equal(history.grad_norm, torch.stack([grads[19], grads[39], grads[59]]))
-    windows = torch.stack([torch.stack(costs[n - 20:n]).mean() for n in (20, 40, 60)])
+    windows = torch.stack([torch.stack(costs[n - 20 : n]).mean() for n in (20, 40, 60)])
     torch.testing.assert_close(history.cost, windows, rtol=1e-12, atol=0)
     means = torch.stack([torch.stack(costs[:n]).mean() for n in (20, 40, 60)])
     torch.testing.assert_close(history.average_cost, means, rtol=1e-12, atol=0)
     assert history.theta["k"].shape == (3,) and history.theta["k"][-1] == s.theta["k"]
     # the same increments from a function of the step index
-    again, _ = ft.run(sde, state, 60, DT, lr, noise=lambda start, count: dw[start:start + count], compile=ft.Compile("auto", chunk=7))
+    again, _ = ft.run(
+        sde,
+        state,
+        60,
+        DT,
+        lr,
+        noise=lambda start, count: dw[start : start + count],
+        compile=ft.Compile("auto", chunk=7),
+    )
     assert same(again, final)
 
 
@@ -85,8 +100,9 @@ def test_continuing_with_the_history_equals_one_run():
 
 def cubic_problem(dtype=torch.float64):
     """dX = theta X^3 dt + dW blows up in a few steps from x = 2."""
-    sde = ft.SDE(drift=lambda th, x: th["a"] * x ** 3, diffusion=lambda th, x: torch.ones_like(x),
-                 cost=lambda th, x: (x * x).sum())
+    sde = ft.SDE(
+        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
+    )
     return sde, ft.init(sde, {"a": torch.tensor(1.0, dtype=dtype)}, torch.full((1,), 2.0, dtype=dtype), 2)
 
 
@@ -119,7 +135,9 @@ def test_keyboard_interrupt_returns_and_saves_the_last_state(tmp_path):
         if n == 50:
             raise KeyboardInterrupt
 
-    final, history = ft.run(sde, state, 130, DT, lr, save=ft.SaveAt(20), hooks=(ft.driver.Callback(stop, 25), ft.Checkpointing(path)))
+    final, history = ft.run(
+        sde, state, 130, DT, lr, save=ft.SaveAt(20), hooks=(ft.driver.Callback(stop, 25), ft.Checkpointing(path))
+    )
     assert history.interrupted and history.steps == 50 and history.step.tolist() == [20, 40, 50]
     torch.testing.assert_close(final.t, torch.tensor(50 * DT, dtype=torch.float64))
     saved = ft.load(path)
@@ -161,7 +179,18 @@ def test_progress_without_tqdm_falls_back_to_a_plain_line(capsys, monkeypatch):
 def test_record_reduce_callback_and_numpy():
     sde, state = linear_problem()
     seen = []
-    final, history = ft.run(sde, state, 30, DT, 0.5, save=ft.SaveAt(10, record=lambda s: s.x.mean()), hooks=(ft.driver.Callback(lambda n, s: seen.append(n), 15), ft.driver.GradientHook(lambda g: tree_map(torch.zeros_like, g))))
+    final, history = ft.run(
+        sde,
+        state,
+        30,
+        DT,
+        0.5,
+        save=ft.SaveAt(10, record=lambda s: s.x.mean()),
+        hooks=(
+            ft.driver.Callback(lambda n, s: seen.append(n), 15),
+            ft.driver.GradientHook(lambda g: tree_map(torch.zeros_like, g)),
+        ),
+    )
     assert torch.equal(final.theta["k"], state.theta["k"])  # the reduce hook fed the update
     assert seen == [15, 30] and history.theta.shape == (3,)
     assert all(isinstance(leaf, torch.Tensor) for leaf in leaves(history))  # a pytree of tensors, like State
@@ -169,21 +198,24 @@ def test_record_reduce_callback_and_numpy():
     assert arrays["step"].tolist() == [10, 20, 30] and arrays["average_cost"].dtype.name == "float64"
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"steps": -1}, ValueError, "steps"),
-    ({"save": ft.SaveAt(0)}, ValueError, r"SaveAt\(every"),
-    ({"save": 100}, TypeError, "fwdtrain.SaveAt"),
-    ({"compile": ft.Compile(chunk=0)}, ValueError, "chunk"),
-    ({"compile": "yes please"}, ValueError, "torch.compile"),
-    ({"checks": ft.Checks(10, bound=-1.0)}, ValueError, "bound"),
-    ({"hooks": (lambda n, s: None,)}, TypeError, "hooks must be"),
-    ({"dt": 0.0}, ValueError, "dt"),
-    ({"lr": -1.0}, ValueError, "lr"),
-    ({"noise": torch.zeros(10, 3, 1, dtype=torch.float64)}, ValueError, "shape"),
-    ({"noise": ft.noise.BrownianNoise((4, 1), 0.5, dtype=torch.float64)}, ValueError, "does not fit"),
-    ({"start": (1, 2)}, TypeError, "start"),
-    ({"solver": "rk4"}, ValueError, "unknown solver"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"steps": -1}, ValueError, "steps"),
+        ({"save": ft.SaveAt(0)}, ValueError, r"SaveAt\(every"),
+        ({"save": 100}, TypeError, "fwdtrain.SaveAt"),
+        ({"compile": ft.Compile(chunk=0)}, ValueError, "chunk"),
+        ({"compile": "yes please"}, ValueError, "torch.compile"),
+        ({"checks": ft.Checks(10, bound=-1.0)}, ValueError, "bound"),
+        ({"hooks": (lambda n, s: None,)}, TypeError, "hooks must be"),
+        ({"dt": 0.0}, ValueError, "dt"),
+        ({"lr": -1.0}, ValueError, "lr"),
+        ({"noise": torch.zeros(10, 3, 1, dtype=torch.float64)}, ValueError, "shape"),
+        ({"noise": ft.noise.BrownianNoise((4, 1), 0.5, dtype=torch.float64)}, ValueError, "does not fit"),
+        ({"start": (1, 2)}, TypeError, "start"),
+        ({"solver": "rk4"}, ValueError, "unknown solver"),
+    ],
+)
 def test_bad_arguments_fail_before_any_step(kwargs, error, match):
     sde, state = linear_problem()
     args = {"steps": 5, "dt": DT, "lr": 0.1, "start": state, **kwargs}
@@ -207,6 +239,7 @@ def test_the_loop_advances_in_pieces_to_the_same_bits():
     """setup + Loop.advance_to(k) + advance_to(end) is run: the loop is resumable at any step."""
     from fwdtrain.driver import setup
     from fwdtrain.driver.steppers import Carry
+
     sde, state = _lqr_state()
     final, history = ft.run(sde, state, 57, DT, 0.5, noise=3, save=ft.SaveAt(10))
     loop = setup(sde, state, 57, DT, 0.5, 3, save=ft.SaveAt(10))
@@ -240,11 +273,15 @@ class _Decay(ft.problems.Trainable):
 
 
 def test_any_trainable_runs_through_the_driver():
-    state = ft.State(torch.zeros(2, 1, dtype=torch.float64), (), {"a": torch.tensor(1.0, dtype=torch.float64)},
-                     torch.zeros((), dtype=torch.float64))
+    state = ft.State(
+        torch.zeros(2, 1, dtype=torch.float64),
+        (),
+        {"a": torch.tensor(1.0, dtype=torch.float64)},
+        torch.zeros((), dtype=torch.float64),
+    )
     noise = torch.full((20, 2, 1), 0.5, dtype=torch.float64)
     final, history = ft.run(_Decay(), state, 20, 0.1, 1.0, noise=noise, save=ft.SaveAt(5))
-    expected = 0.5 + 0.5 * 0.9 ** 20
+    expected = 0.5 + 0.5 * 0.9**20
     assert float(final.theta["a"]) == pytest.approx(expected) and history.theta.shape == (4,)
     with pytest.raises(TypeError, match="expected a problem to train"):
         ft.run(object(), state, 1, 0.1, 1.0)

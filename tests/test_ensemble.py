@@ -24,9 +24,11 @@ def records(history):
 
 def gain_sde():
     """dX = (-X + k X) dt + (0.8 + 0.2 tanh(k X)) dW, cost X^2 + (k X)^2: elementwise, no matrix products."""
-    return ft.SDE(drift=lambda th, x: -x + th["k"] * x,
-                  diffusion=lambda th, x: 0.8 + 0.2 * torch.tanh(th["k"] * x),
-                  cost=lambda th, x: (x * x + (th["k"] * x) ** 2).sum())
+    return ft.SDE(
+        drift=lambda th, x: -x + th["k"] * x,
+        diffusion=lambda th, x: 0.8 + 0.2 * torch.tanh(th["k"] * x),
+        cost=lambda th, x: (x * x + (th["k"] * x) ** 2).sum(),
+    )
 
 
 def gain_state(ks, particles=4):
@@ -44,14 +46,33 @@ def lqr(seeds, hidden=4, dtype=f64, particles=4):
 
 
 def single(sde, start, steps, lr, noise, mode="auto", check_every=100, **options):
-    return ft.run(sde, start, steps, DT, lr, noise, save=ft.SaveAt(10), solver=ft.Euler(mode=mode),
-                  checks=ft.Checks(check_every), **options)
+    return ft.run(
+        sde,
+        start,
+        steps,
+        DT,
+        lr,
+        noise,
+        save=ft.SaveAt(10),
+        solver=ft.Euler(mode=mode),
+        checks=ft.Checks(check_every),
+        **options,
+    )
 
 
 def test_forward_mode_ensemble_is_bitwise_the_separate_runs():
     sde, state = gain_state([0.5, -0.2, 0.1])
     lrs = torch.tensor([0.3, 1.0, 3.0], dtype=f64)
-    final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 45, DT, lrs, noise=5, save=ft.SaveAt(10), solver=ft.Euler(mode="forward"))
+    final, history = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        45,
+        DT,
+        lrs,
+        noise=5,
+        save=ft.SaveAt(10),
+        solver=ft.Euler(mode="forward"),
+    )
     assert history.cost.shape == (5, 3) and history.theta["k"].shape == (5, 3, 1)
     assert history.diverged.tolist() == [False] * 3 and history.frozen_at.tolist() == [-1] * 3
     for e in range(3):
@@ -64,13 +85,18 @@ def test_lqr_ensemble_with_per_member_schedules_equals_the_separate_runs_to_an_u
     """The network's 4-term matrix products run batched (bmm) in the ensemble, unbatched (mm) alone:
     the same numbers to ~1 ulp (float64), the same seeds, schedules and step counts exactly."""
     sde, singles, state = lqr([0, 1, 2])
-    lr = en.PerMember(ft.schedules.inverse_time, {"scale": torch.tensor([5.0, 10.0, 20.0], dtype=f64),
-                                                   "offset": torch.full((3,), 20.0, dtype=f64)})
+    lr = en.PerMember(
+        ft.schedules.inverse_time,
+        {"scale": torch.tensor([5.0, 10.0, 20.0], dtype=f64), "offset": torch.full((3,), 20.0, dtype=f64)},
+    )
     final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 30, DT, lr, noise=[7, 3, 9], save=ft.SaveAt(10))
     for e, (scale, seed) in enumerate(zip((5.0, 10.0, 20.0), (7, 3, 9))):
         alone, alone_history = single(sde, singles[e], 30, ft.schedules.inverse_time(scale, 20.0), seed)
-        for got, want in zip(leaves((en.member(final, e), records(en.member_history(history, e)))),
-                             leaves((alone, records(alone_history))), strict=True):
+        for got, want in zip(
+            leaves((en.member(final, e), records(en.member_history(history, e)))),
+            leaves((alone, records(alone_history))),
+            strict=True,
+        ):
             assert got.shape == want.shape and got.dtype == want.dtype
             torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-15)
         assert torch.equal(en.member_history(history, e).step, alone_history.step)
@@ -91,7 +117,16 @@ def test_resume_and_checkpoint_are_bitwise(tmp_path):
     sde, _, state = lqr([0, 1, 2])
     lrs = [0.5, 1.0, 2.0]
     whole = ft.run(en.Ensemble(sde, en.size(state)), state, 40, DT, lrs, noise=1, save=ft.SaveAt(10))
-    half, half_history = ft.run(en.Ensemble(sde, en.size(state)), state, 20, DT, lrs, noise=1, save=ft.SaveAt(10), hooks=(ft.Checkpointing(tmp_path / "e.pt"),))
+    half, half_history = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        20,
+        DT,
+        lrs,
+        noise=1,
+        save=ft.SaveAt(10),
+        hooks=(ft.Checkpointing(tmp_path / "e.pt"),),
+    )
     resumed = ft.run(en.Ensemble(sde, 3), (half, half_history), 20, DT, lrs, noise=1, save=ft.SaveAt(10))
     assert same(whole[0], resumed[0]) and same(records(whole[1]), records(resumed[1]))
     loaded = ft.load(tmp_path / "e.pt")
@@ -111,7 +146,18 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     sde, state = gain_state([0.5, 0.5, 0.1])
     lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
     seen = []
-    final, history = ft.run(en.Ensemble(sde, en.size(state)), state, 200, DT, lrs, noise=0, save=ft.SaveAt(10), checks=ft.Checks(10), solver=ft.Euler(mode="forward"), hooks=(ft.driver.Callback(lambda n, s: seen.append((n, s)), 5), ft.Progress(10, True)))
+    final, history = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        200,
+        DT,
+        lrs,
+        noise=0,
+        save=ft.SaveAt(10),
+        checks=ft.Checks(10),
+        solver=ft.Euler(mode="forward"),
+        hooks=(ft.driver.Callback(lambda n, s: seen.append((n, s)), 5), ft.Progress(10, True)),
+    )
     assert len(seen) == 40 and all(bool(torch.isfinite(s.x).all()) for n, s in seen if n % 10 == 0)  # shown frozen
     with pytest.raises(ft.DivergenceError) as caught:
         single(sde, en.member(state, 1), 200, lrs[1], 1, mode="forward", check_every=10)
@@ -119,7 +165,7 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
     assert history.diverged.tolist() == [False, True, False]
     assert history.frozen_at.tolist() == [-1, error.last_finite_step, -1]
     assert same(en.member(final, 1), error.state)  # frozen at its last checked finite state
-    frozen = (history.step > error.last_finite_step)
+    frozen = history.step > error.last_finite_step
     assert torch.isnan(history.cost[frozen, 1]).all() and not torch.isnan(history.cost[~frozen, 1]).any()
     grid = error.history.step % 10 == 0  # the records up to the freeze (on the grid) are those of the run alone
     kept = int(grid.sum())
@@ -131,21 +177,51 @@ def test_a_diverging_member_is_frozen_and_flagged_the_others_go_on(tmp_path):
         assert same(records(en.member_history(history, e)), records(alone_history))
     # a checkpoint written during the run holds the frozen member frozen, and the flags
     from fwdtrain.driver import setup
+
     assert error.last_finite_step < 100
-    loop = setup(en.Ensemble(sde, 3), state, 200, DT, lrs, 0, solver=ft.Euler(mode="forward"), save=ft.SaveAt(10),
-                 checks=ft.Checks(10), hooks=(ft.Checkpointing(tmp_path / "d.pt", every=100),))
+    loop = setup(
+        en.Ensemble(sde, 3),
+        state,
+        200,
+        DT,
+        lrs,
+        0,
+        solver=ft.Euler(mode="forward"),
+        save=ft.SaveAt(10),
+        checks=ft.Checks(10),
+        hooks=(ft.Checkpointing(tmp_path / "d.pt", every=100),),
+    )
     loop.advance_to(150)
     saved = ft.load(tmp_path / "d.pt")
     assert saved.history.diverged.tolist() == [False, True, False] and saved.history.steps == 100
     assert same(en.member(saved.state, 1), error.state)
-    resumed, _ = ft.run(en.Ensemble(sde, 3), (saved.state, saved.history), 100, DT, lrs, noise=0, save=ft.SaveAt(10), checks=ft.Checks(10), solver=ft.Euler(mode="forward"))
+    resumed, _ = ft.run(
+        en.Ensemble(sde, 3),
+        (saved.state, saved.history),
+        100,
+        DT,
+        lrs,
+        noise=0,
+        save=ft.SaveAt(10),
+        checks=ft.Checks(10),
+        solver=ft.Euler(mode="forward"),
+    )
     assert same(resumed, final)
 
 
 def test_all_members_diverged_raises_with_the_frozen_states():
     sde, state = gain_state([0.5, 0.5])
     with pytest.raises(ft.DivergenceError) as caught:
-        ft.run(en.Ensemble(sde, en.size(state)), state, 300, DT, [1e4, 2e4], noise=0, save=ft.SaveAt(10), checks=ft.Checks(10))
+        ft.run(
+            en.Ensemble(sde, en.size(state)),
+            state,
+            300,
+            DT,
+            [1e4, 2e4],
+            noise=0,
+            save=ft.SaveAt(10),
+            checks=ft.Checks(10),
+        )
     assert caught.value.history.diverged.tolist() == [True, True]
     assert torch.isfinite(caught.value.state.x).all()
 
@@ -153,7 +229,16 @@ def test_all_members_diverged_raises_with_the_frozen_states():
 def test_compiled_and_fused_equal_eager():
     sde, _, state = lqr([0, 1])
     lrs = [0.5, 2.0]
-    eager = ft.run(en.Ensemble(sde, en.size(state)), state, 24, DT, lrs, noise=3, save=ft.SaveAt(12), solver=ft.Euler(mode="reverse"))
+    eager = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        24,
+        DT,
+        lrs,
+        noise=3,
+        save=ft.SaveAt(12),
+        solver=ft.Euler(mode="reverse"),
+    )
     for options in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=8)}):
         compiled = ft.run(en.Ensemble(sde, en.size(state)), state, 24, DT, lrs, noise=3, save=ft.SaveAt(12), **options)
         assert same(compiled[0], eager[0]) and same(records(compiled[1]), records(eager[1])), options
@@ -162,11 +247,15 @@ def test_compiled_and_fused_equal_eager():
 def test_compiled_kernels_take_the_ensemble():
     sde, _, state = lqr([0, 1])
     ensemble = en.Ensemble(sde, 2)
-    dw = torch.randn(4, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(0)) * DT ** 0.5
+    dw = torch.randn(4, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(0)) * DT**0.5
     alpha = torch.tensor([0.5, 2.0], dtype=f64)
     plan = ensemble.plan(state)
-    one_step = ft.compile.function_kernel(lambda s, d, a: ensemble.advance(s, d, DT, a, plan), (state, dw[0], alpha),
-                                          key=(ensemble, plan, DT), options=ft.Compile(True, route="dynamo", backend="eager"))
+    one_step = ft.compile.function_kernel(
+        lambda s, d, a: ensemble.advance(s, d, DT, a, plan),
+        (state, dw[0], alpha),
+        key=(ensemble, plan, DT),
+        options=ft.Compile(True, route="dynamo", backend="eager"),
+    )
     expected = state
     for k in range(4):
         expected, _ = ensemble.advance(expected, dw[k], DT, alpha, plan)
@@ -178,8 +267,17 @@ def test_compiled_kernels_take_the_ensemble():
 
 def test_user_noise_tensor_has_a_member_axis():
     sde, state = gain_state([0.5, -0.2])
-    noise = torch.randn(12, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(1)) * DT ** 0.5
-    final, _ = ft.run(en.Ensemble(sde, en.size(state)), state, 12, DT, 0.5, noise=noise, save=ft.SaveAt(6), solver=ft.Euler(mode="forward"))
+    noise = torch.randn(12, 2, 4, 1, dtype=f64, generator=torch.Generator().manual_seed(1)) * DT**0.5
+    final, _ = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        12,
+        DT,
+        0.5,
+        noise=noise,
+        save=ft.SaveAt(6),
+        solver=ft.Euler(mode="forward"),
+    )
     for e in range(2):
         alone, _ = single(sde, en.member(state, e), 12, 0.5, noise[:, e], mode="forward")
         assert same(en.member(final, e), alone)
@@ -203,7 +301,13 @@ def test_helpers_and_errors_before_any_step():
     with pytest.raises(ValueError, match="3 entries"):
         ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, [0.1, 0.2])
     with pytest.raises(ValueError, match="3 members"):
-        ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, en.PerMember(ft.schedules.constant, {"value": torch.ones(2)}))
+        ft.run(
+            en.Ensemble(sde, en.size(state)),
+            state,
+            1,
+            DT,
+            en.PerMember(ft.schedules.constant, {"value": torch.ones(2)}),
+        )
     with pytest.raises(ValueError, match="noise= gives 2 seeds for an ensemble of 3 members"):
         ft.run(en.Ensemble(sde, en.size(state)), state, 1, DT, 0.1, noise=[1, 2])
     with pytest.raises(ValueError, match="non-finite entries.*members \\[1\\]"):
@@ -233,10 +337,21 @@ def test_inductor_compiles_the_vmapped_step():
     import warnings
 
     sde, _, state = lqr([0, 1])
-    eager = ft.run(en.Ensemble(sde, en.size(state)), state, 8, DT, [0.5, 2.0], noise=3, save=ft.SaveAt(8), solver=ft.Euler(mode="reverse"))
+    eager = ft.run(
+        en.Ensemble(sde, en.size(state)),
+        state,
+        8,
+        DT,
+        [0.5, 2.0],
+        noise=3,
+        save=ft.SaveAt(8),
+        solver=ft.Euler(mode="reverse"),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a failed compile warns and runs eagerly
-        compiled = ft.run(en.Ensemble(sde, en.size(state)), state, 8, DT, [0.5, 2.0], compile=True, noise=3, save=ft.SaveAt(8))
+        compiled = ft.run(
+            en.Ensemble(sde, en.size(state)), state, 8, DT, [0.5, 2.0], compile=True, noise=3, save=ft.SaveAt(8)
+        )
     for a, b in zip(leaves(compiled), leaves(eager)):
         if a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -249,13 +364,20 @@ def test_ensemble_with_adam_and_averaging_equals_the_separate_runs():
     exs = [ft.examples.lqr_1d(particles=4, dtype=f64, seed=s, hidden=4) for s in (0, 1)]
     sde, rule = exs[0].sde, ft.optim.adam()
     singles = [ft.init(sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.1) for ex in exs]
-    final, history = ft.run(en.Ensemble(sde, 2), en.stack(singles), 30, DT, 0.05, optimizer=rule, noise=4, save=ft.SaveAt(10))
+    final, history = ft.run(
+        en.Ensemble(sde, 2), en.stack(singles), 30, DT, 0.05, optimizer=rule, noise=4, save=ft.SaveAt(10)
+    )
     assert history.theta_average is not None
     for e in range(2):
         alone, alone_history = single(sde, singles[e], 30, 0.05, 4 + e, optimizer=rule)
-        assert torch.allclose(en.member(final, e).average.mean["weight0"], alone.average.mean["weight0"],
-                              rtol=1e-12, atol=1e-14)
+        assert torch.allclose(
+            en.member(final, e).average.mean["weight0"], alone.average.mean["weight0"], rtol=1e-12, atol=1e-14
+        )
         for got, want in zip(leaves(en.member(final, e)), leaves(alone)):
             assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
-        assert torch.allclose(en.member_history(history, e).theta_average["weight0"],
-                              alone_history.theta_average["weight0"], rtol=1e-12, atol=1e-14)
+        assert torch.allclose(
+            en.member_history(history, e).theta_average["weight0"],
+            alone_history.theta_average["weight0"],
+            rtol=1e-12,
+            atol=1e-14,
+        )

@@ -111,8 +111,9 @@ def test_state_that_requires_grad(ex, state):
 
 def test_sde_with_wrong_output_shapes():
     theta = {"k": torch.ones(1)}
-    wrong_drift = ft.SDE(lambda th, x: th["k"] * x.sum() * torch.ones(2), lambda th, x: torch.ones(1),
-                         lambda th, x: x.sum())
+    wrong_drift = ft.SDE(
+        lambda th, x: th["k"] * x.sum() * torch.ones(2), lambda th, x: torch.ones(1), lambda th, x: x.sum()
+    )
     with pytest.raises(ValueError, match=r"drift returned shape \(2,\)"):
         ft.init(wrong_drift, theta, torch.ones(1))
     wrong_cost = ft.SDE(lambda th, x: -x, lambda th, x: torch.ones(1), lambda th, x: x)
@@ -146,8 +147,9 @@ def test_x0_with_no_particles(ex):
 
 def test_coefficient_of_another_dtype_is_refused():
     theta = {"k": torch.ones(1)}
-    float64_sigma = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones(1, dtype=torch.float64),
-                           lambda th, x: x.sum())
+    float64_sigma = ft.SDE(
+        lambda th, x: -th["k"] * x, lambda th, x: torch.ones(1, dtype=torch.float64), lambda th, x: x.sum()
+    )
     with pytest.raises(TypeError, match="diffusion returned dtype torch.float64 at x0 of dtype torch.float32"):
         ft.init(float64_sigma, theta, torch.ones(1))
     float64_cost = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones(1), lambda th, x: x.double().sum())
@@ -185,7 +187,9 @@ def test_a_coefficients_own_error_names_the_function_without_the_shape_hint():
 
 
 def test_a_shape_error_inside_a_coefficient_keeps_the_dimension_hint(ex):
-    with pytest.raises(ValueError, match="control could not be evaluated at x0 of dimension d = 3.*one entry per state"):
+    with pytest.raises(
+        ValueError, match="control could not be evaluated at x0 of dimension d = 3.*one entry per state"
+    ):
         ft.init(ex.sde, ex.theta, torch.ones(3))
 
 
@@ -203,13 +207,19 @@ def test_an_error_type_that_takes_other_arguments_gets_a_note():
     assert any("the SDE's cost raised" in note for note in info.value.__notes__)
 
 
-@pytest.mark.parametrize("schedule, match", [
-    (lambda t: -0.5 + 0 * t, r"the schedule .*<lambda> returned -0.5 at t = 0.*gradient ascent"),
-    (lambda t: math.nan, r"returned nan at t = 0.*finite"),
-    (lambda t: torch.full((3,), 0.1), r"returned a torch.float32 tensor of shape \(3,\) at t = 0.*one floating number"),
-    (lambda t: "fast", r"returned str .*'fast'.* at t = 0.*a number or a 0-d floating tensor"),
-    (lambda t: torch.tensor(1), r"returned a torch.int64 tensor"),
-])
+@pytest.mark.parametrize(
+    "schedule, match",
+    [
+        (lambda t: -0.5 + 0 * t, r"the schedule .*<lambda> returned -0.5 at t = 0.*gradient ascent"),
+        (lambda t: math.nan, r"returned nan at t = 0.*finite"),
+        (
+            lambda t: torch.full((3,), 0.1),
+            r"returned a torch.float32 tensor of shape \(3,\) at t = 0.*one floating number",
+        ),
+        (lambda t: "fast", r"returned str .*'fast'.* at t = 0.*a number or a 0-d floating tensor"),
+        (lambda t: torch.tensor(1), r"returned a torch.int64 tensor"),
+    ],
+)
 def test_learning_rate_from_a_schedule_is_checked_where_evaluated(ex, state, schedule, match):
     with pytest.raises((ValueError, TypeError), match=match):
         ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, schedule)
@@ -217,7 +227,7 @@ def test_learning_rate_from_a_schedule_is_checked_where_evaluated(ex, state, sch
 
 def test_schedule_error_names_the_time(ex, state):
     late = state._replace(t=torch.tensor(60.0, dtype=torch.float64))
-    schedule = lambda t: 0.1 - 0.01 * t  # noqa: E731 - negative after t = 10
+    schedule = lambda t: 0.1 - 0.01 * t
     ft.step(ex.sde, state, torch.zeros(2, 1), 0.01, schedule)  # fine at t = 0
     with pytest.raises(ValueError, match="returned -0.5 at t = 60"):
         ft.step(ex.sde, late, torch.zeros(2, 1), 0.01, schedule)

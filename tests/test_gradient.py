@@ -19,7 +19,7 @@ DT = 0.01
 
 def _discrete_cost(k: torch.Tensor) -> torch.Tensor:
     a = 1 + k
-    return (1 + k ** 2) / (2 * a - a ** 2 * DT)
+    return (1 + k**2) / (2 * a - a**2 * DT)
 
 
 def _continuous_gradient(k: float) -> float:
@@ -32,7 +32,7 @@ def test_gradient_estimate_matches_the_analytic_derivative(k):
         control=lambda th, x: -th["k"] * x,
         drift=lambda x, u: -x + u,
         diffusion=lambda x, u: torch.ones_like(x),
-        cost=lambda x, u: (x ** 2 + u ** 2).sum(),
+        cost=lambda x, u: (x**2 + u**2).sum(),
     )
     particles, burn_in, steps = 2000, 500, 2500
     theta = {"k": torch.tensor(k, dtype=torch.float64)}

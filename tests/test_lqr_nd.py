@@ -6,8 +6,15 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.examples.lqr_riccati import (LQR, linear_control_cost, linear_control_gradient, lqr_nd, lqr_problem,
-                                      random_lqr, riccati)
+from fwdtrain.examples.lqr_riccati import (
+    LQR,
+    linear_control_cost,
+    linear_control_gradient,
+    lqr_nd,
+    lqr_problem,
+    random_lqr,
+    riccati,
+)
 
 pytest.importorskip("scipy")
 
@@ -30,6 +37,7 @@ def test_references_agree(dim):
 
 def test_missing_scipy_message(monkeypatch):
     import builtins
+
     real_import = builtins.__import__
 
     def fake_import(name, *args, **kwargs):
@@ -60,7 +68,7 @@ def test_gradient_estimate_matches_exact_gradient():
     total = torch.zeros_like(theta["gain"])
     steps = 800
     for _ in range(steps):
-        dw = torch.randn(ex.particles, 3, generator=generator, dtype=torch.float64) * 0.02 ** 0.5
+        dw = torch.randn(ex.particles, 3, generator=generator, dtype=torch.float64) * 0.02**0.5
         state, info = ft.step_with_info(ex.sde, state, dw, 0.02, 0.0)
         total += info.gradient["gain"]
     estimate = (total / steps).numpy()
@@ -72,8 +80,8 @@ def test_gradient_estimate_matches_exact_gradient():
 
 
 def test_short_training_linear_control():
-    """d = 2 from K = 0: the start costs 23% above optimum with gain error 1; 1000 steps (t = 20) come within 1% of the optimal cost and 20% of
-    the optimal gain.
+    """d = 2 from K = 0: the start costs 23% above optimum with gain error 1; 1000 steps (t = 20) come within 1% of
+    the optimal cost and 20% of the optimal gain.
 
     Euler with dt = 0.02 shifts the optimal gain by ~1.4%; the remaining tolerance is the SGD noise.
     """

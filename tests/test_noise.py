@@ -31,7 +31,7 @@ def test_position_saves_and_restores_bitwise():
     for position in (70, 64, 100):  # mid-block, on a block boundary, the current position
         restored = BrownianNoise.from_state_dict(source.state_dict(position))
         assert restored.position == position
-        assert torch.equal(restored.draw(250), reference[position:position + 250])
+        assert torch.equal(restored.draw(250), reference[position : position + 250])
     source.draw(28)  # ends exactly on a block boundary (128)
     assert torch.equal(BrownianNoise.from_state_dict(source.state_dict()).draw(5), reference[128:133])
     with pytest.raises(ValueError, match="outside the latest draw"):
@@ -62,7 +62,7 @@ def test_user_noise_tensor_and_function():
     assert torch.equal(draw_in_chunks(tensor, 20, 7), increments)
     with pytest.raises(ValueError, match="has 20 steps"):
         tensor.draw(1)
-    function = as_noise(lambda start, count: increments[start:start + count])
+    function = as_noise(lambda start, count: increments[start : start + count])
     assert isinstance(function, FunctionNoise)
     assert torch.equal(draw_in_chunks(function, 20, 3), increments)
     with pytest.raises(ValueError, match="must return"):
@@ -78,7 +78,7 @@ def test_bad_arguments():
         BrownianNoise((2,), 0.1)
     with pytest.raises(TypeError, match="seed"):
         BrownianNoise((2, 1), 0.1, seed=1.5)
-    assert ft.BrownianNoise is BrownianNoise
+    assert ft.noise.BrownianNoise is BrownianNoise
 
 
 def test_noise_tensor_dtype_and_shape_are_checked():
@@ -86,7 +86,9 @@ def test_noise_tensor_dtype_and_shape_are_checked():
         TensorNoise(torch.zeros(5, 2, 1, dtype=torch.int64))
     source = TensorNoise(torch.zeros(5, 2, 1, dtype=torch.float64))
     assert source.expect((2, 1), torch.float64, "cpu") is source
-    with pytest.raises(TypeError, match=r"dtype torch.float64 but the run's dtype is torch.float32.*\.to\(torch.float32\)"):
+    with pytest.raises(
+        TypeError, match=r"dtype torch.float64 but the run's dtype is torch.float32.*\.to\(torch.float32\)"
+    ):
         source.expect((2, 1), torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"shape \(5, 2, 1\) but the run expects \(5, 3, 1\)"):
         source.expect((3, 1), torch.float64, "cpu")
@@ -105,12 +107,16 @@ def test_noise_function_is_checked_on_every_draw():
     with pytest.raises(TypeError, match="must be floating"):
         FunctionNoise(lambda start, count: torch.zeros(count, 2, 1, dtype=torch.int32)).draw(1)
     # without expect, a draw must match the first one; the expectation survives copy()
-    switching = FunctionNoise(lambda start, count: torch.zeros(count, 2, 1, dtype=torch.float64 if start else torch.float32))
+    switching = FunctionNoise(
+        lambda start, count: torch.zeros(count, 2, 1, dtype=torch.float64 if start else torch.float32)
+    )
     switching.draw(1)
     with pytest.raises(TypeError, match=r"steps 1 to 1"):
         switching.copy().draw(1)
-    assert torch.equal(FunctionNoise(increments(torch.float32)).expect((2, 1), torch.float32, "cpu").copy().draw(2),
-                       torch.zeros(2, 2, 1))
+    assert torch.equal(
+        FunctionNoise(increments(torch.float32)).expect((2, 1), torch.float32, "cpu").copy().draw(2),
+        torch.zeros(2, 2, 1),
+    )
 
 
 def test_brownian_noise_expect():

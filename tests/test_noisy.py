@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.examples.noisy import (noisy_control, noisy_cost, noisy_cost_derivative, noisy_optimal_gain,
-                                     noisy_sde)
+from fwdtrain.examples.noisy import noisy_control, noisy_cost, noisy_cost_derivative, noisy_optimal_gain, noisy_sde
 
 BETA = 1.0
 DT = 0.01
@@ -19,9 +18,11 @@ def _paths(k, noise, beta=BETA):
     drift-only: Xt' = Xt + (-(1 + k) Xt - X) h"""
     x, xt, xd = 0.3, 0.0, 0.0
     for dw in noise:
-        x, xt, xd = (x - (1 + k) * x * DT + (1 - beta * k * x) * dw,
-                     xt + (-(1 + k) * xt - x) * DT + (-beta * k * xt - beta * x) * dw,
-                     xd + (-(1 + k) * xd - x) * DT)
+        x, xt, xd = (
+            x - (1 + k) * x * DT + (1 - beta * k * x) * dw,
+            xt + (-(1 + k) * xt - x) * DT + (-beta * k * xt - beta * x) * dw,
+            xd + (-(1 + k) * xd - x) * DT,
+        )
     return x, xt, xd
 
 
@@ -47,9 +48,16 @@ def test_closed_form_against_simulation():
     standard error is ~0.005 and the Euler bias (dt = 0.01) ~0.01."""
     k = 0.8
     sde = noisy_sde(BETA)
-    estimate = ft.stationary_cost(sde, {"gain": torch.tensor(k, dtype=torch.float64)},
-                                  torch.zeros(1, dtype=torch.float64), particles=400, dt=DT, steps=2500,
-                                  burn_in=500, seed=3)
+    estimate = ft.stationary_cost(
+        sde,
+        {"gain": torch.tensor(k, dtype=torch.float64)},
+        torch.zeros(1, dtype=torch.float64),
+        particles=400,
+        dt=DT,
+        steps=2500,
+        burn_in=500,
+        seed=3,
+    )
     assert abs(estimate.mean - noisy_cost(k, BETA)) < 0.02
     assert abs(noisy_cost(k, BETA) - noisy_cost(k, 0.0)) > 0.02
 

@@ -16,8 +16,10 @@ def _theta(dtype=F64):
 
 def _gradients(n, dtype=F64, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [{"w": torch.randn(2, 2, generator=gen, dtype=dtype), "b": torch.randn(2, generator=gen, dtype=dtype)}
-            for _ in range(n)]
+    return [
+        {"w": torch.randn(2, 2, generator=gen, dtype=dtype), "b": torch.randn(2, generator=gen, dtype=dtype)}
+        for _ in range(n)
+    ]
 
 
 def _run(transformation, theta, gradients, rate):
@@ -41,16 +43,24 @@ def _run_torch(make, theta, gradients):
 ALPHA, H = 0.3, 0.01
 
 
-@pytest.mark.parametrize("ours, theirs", [
-    (lambda: optim.momentum(0.9), lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.9)),
-    (lambda: optim.momentum(0.8, nesterov=True),
-     lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.8, nesterov=True)),
-    (lambda: optim.adam(), lambda p: torch.optim.Adam(p, lr=ALPHA * H)),
-    (lambda: optim.adam(0.8, 0.95, 1e-6), lambda p: torch.optim.Adam(p, lr=ALPHA * H, betas=(0.8, 0.95), eps=1e-6)),
-    (lambda: optim.rmsprop(), lambda p: torch.optim.RMSprop(p, lr=ALPHA * H)),
-    (lambda: optim.rmsprop(0.9, centered=True, momentum=0.5),
-     lambda p: torch.optim.RMSprop(p, lr=ALPHA * H, alpha=0.9, centered=True, momentum=0.5)),
-], ids=["heavy-ball", "nesterov", "adam", "adam-options", "rmsprop", "rmsprop-centred-momentum"])
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (lambda: optim.momentum(0.9), lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.9)),
+        (
+            lambda: optim.momentum(0.8, nesterov=True),
+            lambda p: torch.optim.SGD(p, lr=ALPHA * H, momentum=0.8, nesterov=True),
+        ),
+        (lambda: optim.adam(), lambda p: torch.optim.Adam(p, lr=ALPHA * H)),
+        (lambda: optim.adam(0.8, 0.95, 1e-6), lambda p: torch.optim.Adam(p, lr=ALPHA * H, betas=(0.8, 0.95), eps=1e-6)),
+        (lambda: optim.rmsprop(), lambda p: torch.optim.RMSprop(p, lr=ALPHA * H)),
+        (
+            lambda: optim.rmsprop(0.9, centered=True, momentum=0.5),
+            lambda p: torch.optim.RMSprop(p, lr=ALPHA * H, alpha=0.9, centered=True, momentum=0.5),
+        ),
+    ],
+    ids=["heavy-ball", "nesterov", "adam", "adam-options", "rmsprop", "rmsprop-centred-momentum"],
+)
 def test_matches_torch_optim(ours, theirs):
     theta, gradients = _theta(), _gradients(25)
     mine, _ = _run(ours(), theta, gradients, torch.tensor(ALPHA, dtype=F64) * H)
@@ -63,8 +73,9 @@ def test_matches_torch_optim(ours, theirs):
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_sgd_is_descend_bitwise(dtype):
     theta = dict(_theta(dtype), c=torch.tensor(1.7, dtype=torch.float32))  # a 0-d float32 leaf
-    gradients = [dict(g, c=torch.tensor(0.1 * (i + 1), dtype=torch.float32))
-                 for i, g in enumerate(_gradients(5, dtype))]
+    gradients = [
+        dict(g, c=torch.tensor(0.1 * (i + 1), dtype=torch.float32)) for i, g in enumerate(_gradients(5, dtype))
+    ]
     alpha, dt = torch.tensor(0.37, dtype=F64), 0.013  # float64 alpha, as a schedule returns it
     sgd = optim.sgd()
     state, expected, mine = sgd.init(theta), theta, theta
@@ -145,8 +156,11 @@ def _quadratic():
     return (lambda th: 0.5 * th @ a @ th - b @ th), (lambda th: a @ th - b)
 
 
-@pytest.mark.parametrize("make", [optim.adam, lambda: optim.chain(optim.clip_by_global_norm(1.0), optim.rmsprop())],
-                         ids=["adam", "clip-rmsprop"])
+@pytest.mark.parametrize(
+    "make",
+    [optim.adam, lambda: optim.chain(optim.clip_by_global_norm(1.0), optim.rmsprop())],
+    ids=["adam", "clip-rmsprop"],
+)
 def test_grad_through_updates_matches_central_differences(make):
     loss, gradient = _quadratic()
     tr, steps, h = make(), 6, 0.1
@@ -162,8 +176,12 @@ def test_grad_through_updates_matches_central_differences(make):
     d_theta = grad(final_loss, argnums=0)(theta0, alpha)
     d_alpha = grad(final_loss, argnums=1)(theta0, alpha)
     torch.testing.assert_close(jacfwd(final_loss, argnums=1)(theta0, alpha), d_alpha, rtol=1e-12, atol=1e-14)
-    fd_theta = torch.stack([(final_loss(theta0 + eps * e, alpha) - final_loss(theta0 - eps * e, alpha)) / (2 * eps)
-                            for e in torch.eye(2, dtype=F64)])
+    fd_theta = torch.stack(
+        [
+            (final_loss(theta0 + eps * e, alpha) - final_loss(theta0 - eps * e, alpha)) / (2 * eps)
+            for e in torch.eye(2, dtype=F64)
+        ]
+    )
     fd_alpha = (final_loss(theta0, alpha + eps) - final_loss(theta0, alpha - eps)) / (2 * eps)
     assert d_alpha.abs() > 1e-3 and d_theta.abs().min() > 1e-3  # a non-trivial check
     torch.testing.assert_close(d_theta, fd_theta, rtol=1e-6, atol=1e-8)

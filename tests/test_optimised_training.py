@@ -9,14 +9,14 @@ import json
 
 import pytest
 import torch
+from conftest import diagonal_2d, nonlinear_2d
 from torch.func import grad, vmap
 
 import fwdtrain as ft
 from fwdtrain import calibration, cli, examples, optim, sgdct
-from fwdtrain.core.kernel import descend
 from fwdtrain.core._tree import leaves, squared_norm
+from fwdtrain.core.kernel import descend
 from fwdtrain.examples import linear_slope
-from conftest import diagonal_2d, nonlinear_2d
 
 F64 = torch.float64
 DT = 0.01
@@ -26,7 +26,7 @@ X0 = torch.tensor([0.3, -0.2], dtype=F64)
 def _noise(sde, theta, steps, particles, seed=0):
     m = ft.core.state.noise_dim(sde, theta, X0.expand(particles, -1))
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT ** 0.5
+    return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT**0.5
 
 
 def _equal(a, b) -> bool:
@@ -46,11 +46,14 @@ def test_default_and_sgd_rule_leave_results_bitwise_unchanged():
     assert plain.opt_state == () and plain.average == () and ruled.opt_state == optim.EmptyState()
     reference = plain
     for dw in dws:  # the pre-change update written out: euler_update + descend
-        value, total = ft.core.sensitivity.linearise_particles(sde, reference.theta, reference.x, reference.x_tilde,
-                                                          "reverse")
+        value, total = ft.core.sensitivity.linearise_particles(
+            sde, reference.theta, reference.x, reference.x_tilde, "reverse"
+        )
         x = reference.x + value.mu * DT + torch.einsum("ndm,nm->nd", value.sigma, dw)
-        x_tilde = {k: reference.x_tilde[k] + total.mu[k] * DT + torch.einsum("ndm...,nm->nd...", total.sigma[k], dw)
-                   for k in reference.x_tilde}
+        x_tilde = {
+            k: reference.x_tilde[k] + total.mu[k] * DT + torch.einsum("ndm...,nm->nd...", total.sigma[k], dw)
+            for k in reference.x_tilde
+        }
         g = {k: v.mean(0) for k, v in total.cost.items()}
         reference = ft.State(x, x_tilde, descend(reference.theta, g, lr(reference.t), DT), reference.t + DT)
         plain = ft.step(sde, plain, dw, DT, lr, mode="reverse")
@@ -62,15 +65,26 @@ def test_default_and_sgd_rule_leave_results_bitwise_unchanged():
 def test_run_with_sgd_rule_equals_run_without(lqr64):
     ex = lqr64
     a, ha = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 50, ex.dt, ex.lr, noise=3, save=ft.SaveAt(10))
-    b, hb = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=optim.sgd()), 50, ex.dt, ex.lr, optimizer=optim.sgd(), noise=3, save=ft.SaveAt(10))
+    b, hb = ft.run(
+        ex.sde,
+        ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=optim.sgd()),
+        50,
+        ex.dt,
+        ex.lr,
+        optimizer=optim.sgd(),
+        noise=3,
+        save=ft.SaveAt(10),
+    )
     assert _equal(a.theta, b.theta) and _equal(ha, hb) and ha.theta_average is None
 
 
 # ---------------------------------------------------------------- mismatch: a clear error before any step
 
 
-@pytest.mark.parametrize("made, stepped", [(optim.adam(), None), (None, optim.adam()), (optim.adam(), optim.sgd()),
-                                           (optim.momentum(), optim.adam())])
+@pytest.mark.parametrize(
+    "made, stepped",
+    [(optim.adam(), None), (None, optim.adam()), (optim.adam(), optim.sgd()), (optim.momentum(), optim.adam())],
+)
 def test_mismatched_opt_state_is_refused_before_stepping(made, stepped, lqr64):
     ex = lqr64
     state = ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=made)
@@ -79,7 +93,15 @@ def test_mismatched_opt_state_is_refused_before_stepping(made, stepped, lqr64):
         ft.step(ex.sde, state, dw, ex.dt, 0.1, optimizer=stepped)
     calls = []
     with pytest.raises(ValueError, match="opt_state does not fit"):
-        ft.run(ex.sde, state, 10, ex.dt, 0.1, optimizer=stepped, hooks=(ft.driver.Callback(lambda n, s: calls.append(n), 1),))
+        ft.run(
+            ex.sde,
+            state,
+            10,
+            ex.dt,
+            0.1,
+            optimizer=stepped,
+            hooks=(ft.driver.Callback(lambda n, s: calls.append(n), 1),),
+        )
     assert calls == []
 
 
@@ -119,11 +141,21 @@ def test_old_checkpoint_without_the_new_fields_loads(lqr64, tmp_path):
 
     ex = lqr64
     state, history = ft.run(ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 4), 20, ex.dt, 0.1, save=ft.SaveAt(10))
-    content = {"state": {k: v for k, v in state._asdict().items() if k in ("x", "x_tilde", "theta", "t")},
-               "history": {k: v for k, v in history._asdict().items() if k != "theta_average"}, "metadata": {}}
+    content = {
+        "state": {k: v for k, v in state._asdict().items() if k in ("x", "x_tilde", "theta", "t")},
+        "history": {k: v for k, v in history._asdict().items() if k != "theta_average"},
+        "metadata": {},
+    }
     content = checkpoint._plain(content, "content")
-    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "digest": checkpoint._digest(content),
-                "content": content}, tmp_path / "old.pt")
+    torch.save(
+        {
+            "format": checkpoint.FORMAT,
+            "version": checkpoint.VERSION,
+            "digest": checkpoint._digest(content),
+            "content": content,
+        },
+        tmp_path / "old.pt",
+    )
     ck = ft.load(tmp_path / "old.pt")
     assert ck.state.opt_state == () and ck.state.average == () and ck.history.theta_average is None
     assert _equal(ck.state, state)
@@ -211,14 +243,26 @@ def test_vmap_over_runs_with_momentum_equals_a_loop():
 
 def test_compiled_kernels_with_an_optimizer_equal_eager(lqr64):
     ex, rule = lqr64, optim.rmsprop(momentum=0.5)
-    dws = torch.randn(8, 4, 1, generator=torch.Generator().manual_seed(6), dtype=F64) * ex.dt ** 0.5
+    dws = torch.randn(8, 4, 1, generator=torch.Generator().manual_seed(6), dtype=F64) * ex.dt**0.5
     start = ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.0)
     eager = start
     for dw in dws:
         eager = ft.step(ex.sde, eager, dw, ex.dt, 0.3, mode="reverse", optimizer=rule)
-    quick = ft.Compile(True, route="dynamo", backend="eager")  # the compiled kernels' plumbing, traced by dynamo only (quick)
-    c, _ = ft.run(ex.sde, start, 8, ex.dt, 0.3, noise=dws, optimizer=rule, compile=quick, save=ft.SaveAt(8),
-                  solver=ft.Euler(mode="reverse"))
+    quick = ft.Compile(
+        True, route="dynamo", backend="eager"
+    )  # the compiled kernels' plumbing, traced by dynamo only (quick)
+    c, _ = ft.run(
+        ex.sde,
+        start,
+        8,
+        ex.dt,
+        0.3,
+        noise=dws,
+        optimizer=rule,
+        compile=quick,
+        save=ft.SaveAt(8),
+        solver=ft.Euler(mode="reverse"),
+    )
     for x, y in zip(leaves(c), leaves(eager)):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
 
@@ -241,11 +285,27 @@ def test_calibration_and_sgdct_take_an_optimizer():
     increments = ou.data(0, 20)
     base = ou.initial_state()
     plain, _ = ft.run(ou.trainable, base, 20, ou.dt, ou.lr, noise=increments)
-    ruled, _ = ft.run(ou.trainable, ft.core.state.with_optimizer(base, optim.sgd()), 20, ou.dt, ou.lr, noise=increments, optimizer=optim.sgd())
+    ruled, _ = ft.run(
+        ou.trainable,
+        ft.core.state.with_optimizer(base, optim.sgd()),
+        20,
+        ou.dt,
+        ou.lr,
+        noise=increments,
+        optimizer=optim.sgd(),
+    )
     for a, b in zip(leaves(plain.theta), leaves(ruled.theta)):  # G = -direction: the same descent, to rounding
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    moved, _ = ft.run(ou.trainable, ft.core.state.with_optimizer(base, optim.adam()), 20, ou.dt, ou.lr, noise=increments, optimizer=optim.adam())
-    assert not _equal(moved.theta, plain.theta) and isinstance(sgdct.DriftEstimation(ou.sde), ft.Trainable)
+    moved, _ = ft.run(
+        ou.trainable,
+        ft.core.state.with_optimizer(base, optim.adam()),
+        20,
+        ou.dt,
+        ou.lr,
+        noise=increments,
+        optimizer=optim.adam(),
+    )
+    assert not _equal(moved.theta, plain.theta) and isinstance(sgdct.DriftEstimation(ou.sde), ft.problems.Trainable)
 
 
 # ---------------------------------------------------------------- command line
@@ -253,8 +313,11 @@ def test_calibration_and_sgdct_take_an_optimizer():
 
 def _tiny(*, particles=3, dt=0.01, steps=40, lr=0.5, seed=0, dtype=F64):
     ex = examples.lqr_1d(particles=particles, dt=dt, steps=steps, lr=lr, seed=seed, dtype=dtype, hidden=4)
-    return ex._replace(name="tiny", lr=ft.schedules.constant(lr),
-                       evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5})
+    return ex._replace(
+        name="tiny",
+        lr=ft.schedules.constant(lr),
+        evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5},
+    )
 
 
 def test_cli_optimizer_clip_average_and_resume(monkeypatch, tmp_path, capsys):

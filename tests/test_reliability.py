@@ -9,25 +9,29 @@ import pytest
 import torch
 
 import fwdtrain as ft
-from fwdtrain.driver import checkpoint
 from fwdtrain.core._tree import leaves_with_paths
+from fwdtrain.driver import checkpoint
 
 
 def tiny(dtype=torch.float64):
     """A 1-D SDE with one parameter, 2 particles, a 4-step history: a checkpoint of ~5 kB."""
-    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: 0.1 * torch.ones_like(x), lambda th, x: (x ** 2).sum())
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: 0.1 * torch.ones_like(x), lambda th, x: (x**2).sum())
     theta = {"k": torch.tensor([0.5], dtype=dtype)}
     start = ft.init(sde, theta, torch.ones(1, dtype=dtype), 2)
     state, history = ft.run(sde, start, 4, 0.01, 0.1, noise=torch.zeros(4, 2, 1, dtype=dtype), save=ft.SaveAt(2))
     return sde, state, history
 
 
-def identical(a: ft.Checkpoint, b: ft.driver.Checkpoint) -> bool:
+def identical(a: ft.driver.Checkpoint, b: ft.driver.Checkpoint) -> bool:
     """Same tree paths, dtypes, shapes and bits for state and history; equal metadata."""
+
     def flat(tree):
         return [(path, leaf.dtype, tuple(leaf.shape), leaf) for path, leaf in leaves_with_paths(tree)]
-    for x, y in ((a.state._asdict(), b.state._asdict()),
-                 (None if a.history is None else a.history._asdict(), None if b.history is None else b.history._asdict())):
+
+    for x, y in (
+        (a.state._asdict(), b.state._asdict()),
+        (None if a.history is None else a.history._asdict(), None if b.history is None else b.history._asdict()),
+    ):
         fx, fy = flat(x), flat(y)
         if [f[:3] for f in fx] != [f[:3] for f in fy] or not all(torch.equal(p[3], q[3]) for p, q in zip(fx, fy)):
             return False
@@ -57,7 +61,7 @@ def structural_offsets(data: bytes, path) -> list[int]:
         infos = archive.infolist()
         for k, info in enumerate(infos):
             offset = info.header_offset
-            name_length, extra_length = struct.unpack("<HH", data[offset + 26:offset + 30])
+            name_length, extra_length = struct.unpack("<HH", data[offset + 26 : offset + 30])
             if k < 3 or k == len(infos) - 1:
                 chosen |= set(range(offset, offset + 30))
             if info.filename.endswith("data.pkl"):
@@ -85,7 +89,7 @@ def test_every_flipped_byte_is_refused_or_loads_the_same_content(saved, tmp_path
 
 
 def test_truncations_are_refused(saved, tmp_path):
-    path, data, _ = saved
+    _path, data, _ = saved
     bad = tmp_path / "short.pt"
     for length in sorted(set(range(0, len(data), 97)) | {1, 4, 22, len(data) - 22, len(data) - 1}):
         bad.write_bytes(data[:length])
@@ -95,6 +99,7 @@ def test_truncations_are_refused(saved, tmp_path):
 
 def test_foreign_files_are_refused(tmp_path):
     import pickle
+
     with open(tmp_path / "pickle.pt", "wb") as file:
         pickle.dump({"format": checkpoint.FORMAT, "version": 1}, file)
     with zipfile.ZipFile(tmp_path / "zip.pt", "w") as archive:
@@ -110,8 +115,15 @@ def test_foreign_files_are_refused(tmp_path):
 
 def forged(path, content):
     """A file with a valid header and digest around ``content``: what a hand-made or foreign file looks like."""
-    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
-                "digest": checkpoint._digest(content), "content": content}, path)
+    torch.save(
+        {
+            "format": checkpoint.FORMAT,
+            "version": checkpoint.VERSION,
+            "digest": checkpoint._digest(content),
+            "content": content,
+        },
+        path,
+    )
 
 
 def test_intact_files_of_the_wrong_structure_are_refused(tmp_path):
@@ -128,17 +140,22 @@ def test_intact_files_of_the_wrong_structure_are_refused(tmp_path):
         "t a vector": {**good, "state": {**good["state"], "t": torch.zeros(2)}},
         "records of two lengths": {**good, "history": {**good["history"], "cost": history.cost[:1]}},
         "history without step": {**good, "history": {k: v for k, v in good["history"].items() if k != "step"}},
-        "history theta without a record axis": {**good, "history": {**good["history"], "theta": {"k": torch.tensor(1.0)}}},
+        "history theta without a record axis": {
+            **good,
+            "history": {**good["history"], "theta": {"k": torch.tensor(1.0)}},
+        },
         "metadata a list": {**good, "metadata": [1]},
         "metadata with an int key": {**good, "metadata": {1: "a"}},
     }
-    for name, content in cases.items():
+    for _name, content in cases.items():
         forged(tmp_path / "forged.pt", content)
         with pytest.raises(ft.CheckpointError, match="not a valid fwdtrain checkpoint"):
             ft.load(tmp_path / "forged.pt")
         # the message names what is wrong, e.g. "state['x'] is a list, expected a tensor"
     forged(tmp_path / "forged.pt", cases["x_tilde of the wrong shape"])
-    with pytest.raises(ft.CheckpointError, match=r"state\['x_tilde'\]\['k'\] has shape \(1, 1, 1\), expected \(2, 1, 1\)"):
+    with pytest.raises(
+        ft.CheckpointError, match=r"state\['x_tilde'\]\['k'\] has shape \(1, 1, 1\), expected \(2, 1, 1\)"
+    ):
         ft.load(tmp_path / "forged.pt")
 
 
@@ -161,8 +178,13 @@ def test_check_compatible_names_the_mismatch(tmp_path):
 def test_save_removes_its_own_stale_temporary_files(tmp_path):
     _, state, history = tiny()
     stale = [tmp_path / ".tmp-ck.pt-abcd1234", tmp_path / ".tmp-ck.pt-_x9y8z7w"]
-    unrelated = [tmp_path / ".tmp-other.pt-abcd1234", tmp_path / ".tmp-ck.pt-abcd12345",
-                 tmp_path / ".tmp-ck.pt-notes.txt", tmp_path / "ck.pt.bak", tmp_path / ".tmp-ck.pt-x-abcd1234"]
+    unrelated = [
+        tmp_path / ".tmp-other.pt-abcd1234",
+        tmp_path / ".tmp-ck.pt-abcd12345",
+        tmp_path / ".tmp-ck.pt-notes.txt",
+        tmp_path / "ck.pt.bak",
+        tmp_path / ".tmp-ck.pt-x-abcd1234",
+    ]
     for file in stale + unrelated:
         file.write_bytes(b"PK\x03\x04 half a checkpoint")
         os.utime(file, (time.time() - 60, time.time() - 60))
@@ -172,14 +194,17 @@ def test_save_removes_its_own_stale_temporary_files(tmp_path):
     ft.save(tmp_path / "ck.pt", state, history)
     assert not any(file.exists() for file in stale)
     assert all(file.exists() for file in unrelated) and fresh.exists()
-    assert identical(ft.load(tmp_path / "ck.pt"), ft.Checkpoint(state, history, {}))
+    assert identical(ft.load(tmp_path / "ck.pt"), ft.driver.Checkpoint(state, history, {}))
 
 
 def test_headers_of_the_wrong_type_are_refused(tmp_path):
     path = tmp_path / "odd.pt"
-    for payload in ({"format": torch.ones(2)}, {"format": checkpoint.FORMAT, "version": torch.ones(2)},
-                    {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "digest": torch.ones(2),
-                     "content": {}}, [checkpoint.FORMAT]):
+    for payload in (
+        {"format": torch.ones(2)},
+        {"format": checkpoint.FORMAT, "version": torch.ones(2)},
+        {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "digest": torch.ones(2), "content": {}},
+        [checkpoint.FORMAT],
+    ):
         torch.save(payload, path)
         with pytest.raises(ft.CheckpointError):
             ft.load(path)

@@ -16,8 +16,12 @@ DT = 0.01
 
 
 def linear_problem(particles: int = 4, dtype: torch.dtype = torch.float64):
-    sde = ft.ControlledSDE(control=lambda th, x: -th["k"] * x, drift=lambda x, u: -x + u,
-                           diffusion=lambda x, u: torch.ones_like(x), cost=lambda x, u: (x * x + u * u).sum())
+    sde = ft.ControlledSDE(
+        control=lambda th, x: -th["k"] * x,
+        drift=lambda x, u: -x + u,
+        diffusion=lambda x, u: torch.ones_like(x),
+        cost=lambda x, u: (x * x + u * u).sum(),
+    )
     return sde, ft.init(sde, {"k": torch.tensor(0.2, dtype=dtype)}, torch.ones(1, dtype=dtype), particles)
 
 
@@ -70,7 +74,7 @@ def test_a_schedule_that_turns_negative_stops_the_run_with_the_state_kept():
     sde, state = linear_problem()
     with pytest.raises(ValueError, match=r"returned -2.5 at t = 3"):  # negative at the end: refused up front
         ft.run(sde, state, 300, DT, lambda t: 0.5 - t)
-    schedule = lambda t: torch.where((t > 0.5) & (t < 2.0), -0.5, 0.5)  # noqa: E731 - bad in the middle only
+    schedule = lambda t: torch.where((t > 0.5) & (t < 2.0), -0.5, 0.5)
     with pytest.raises(ft.DivergenceError, match=r"returned -0.5 at t = 1.*stopped at step 100") as info:
         ft.run(sde, state, 300, DT, schedule, compile=False, save=ft.SaveAt(100), checks=ft.Checks(100))
     error = info.value
@@ -105,8 +109,9 @@ def test_frozen_theta_evaluation_compiled_equals_eager():
     options = dict(particles=50, dt=0.01, steps=60, burn_in=10, seed=3)
     x0 = torch.zeros(1, dtype=torch.float64)
     eager = ft.stationary_cost(ex.sde, ex.theta, x0, compile=False, **options)
-    traced = ft.stationary_cost(ex.sde, ex.theta, x0, compile=ft.Compile(True, route="dynamo", backend="eager"),
-                                **options)
+    traced = ft.stationary_cost(
+        ex.sde, ex.theta, x0, compile=ft.Compile(True, route="dynamo", backend="eager"), **options
+    )
     before = kernels.counts()
     auto = ft.stationary_cost(ex.sde, ex.theta, x0, **options)  # short: eager, nothing traced
     assert math.isclose(traced.mean, eager.mean, rel_tol=1e-12) and auto == eager and kernels.counts() == before
@@ -118,6 +123,7 @@ def test_ensemble_learning_rates_are_checked_per_member_at_both_ends():
     states = ft.ensemble.init(sde, theta, torch.ones(1, dtype=torch.float64), 4, members=3)
     with pytest.raises(ValueError, match=r"returned -2.5 at t = 3"):
         ft.run(ft.ensemble.Ensemble(sde, 3), states, 300, DT, lambda t: 0.5 - t)
-    final, history = ft.run(ft.ensemble.Ensemble(sde, 3), states, 20, DT,
-                            torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
+    final, history = ft.run(
+        ft.ensemble.Ensemble(sde, 3), states, 20, DT, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    )
     assert final.t.shape == (3,) and not bool(history.diverged.any())

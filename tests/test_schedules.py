@@ -8,9 +8,12 @@ from fwdtrain import schedules
 
 def test_staged_matches_the_seed_schedule():
     def seed(c, time):  # the seed's branching function, verbatim logic
-        if time > 500: return c / 10
-        if time > 100: return c / 5
-        if time > 50: return c / 2
+        if time > 500:
+            return c / 10
+        if time > 100:
+            return c / 5
+        if time > 50:
+            return c / 2
         return c
 
     schedule = schedules.staged(100.0)
@@ -29,8 +32,9 @@ def test_schedules_work_under_vmap_and_keep_dtype():
         out = torch.vmap(schedule)(ts)
         assert out.dtype == torch.float64
         torch.testing.assert_close(out, torch.stack([schedule(t) for t in ts]))
-    torch.testing.assert_close(torch.vmap(schedules.staged(1.0))(ts),
-                               torch.tensor([1.0, 0.5, 0.2, 0.1], dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.vmap(schedules.staged(1.0))(ts), torch.tensor([1.0, 0.5, 0.2, 0.1], dtype=torch.float64)
+    )
 
 
 def test_bad_schedule_arguments():
@@ -42,19 +46,31 @@ def test_bad_schedule_arguments():
         schedules.inverse_time(1.0, 0.0)
 
 
-@pytest.mark.parametrize("build, match", [
-    (lambda: schedules.piecewise_constant([1.0, math.nan], [1.0]), r"piecewise_constant: values\[1\] must be finite"),
-    (lambda: schedules.piecewise_constant([1.0, 2.0], [math.nan]), r"piecewise_constant: boundaries\[0\] must be finite"),
-    (lambda: schedules.piecewise_constant([1.0, -2.0], [1.0]), r"values\[1\] must be >= 0, got -2.0"),
-    (lambda: schedules.inverse_time(math.nan), "inverse_time: scale must be finite"),
-    (lambda: schedules.inverse_time(1.0, math.inf), "inverse_time: offset must be finite"),
-    (lambda: schedules.inverse_time(-1.0), "inverse_time: scale must be >= 0"),
-    (lambda: schedules.inverse_time(torch.tensor(-1.0)), "inverse_time: scale must be >= 0"),
-    (lambda: schedules.inverse_time(torch.ones(2)), "inverse_time: scale must be a number or a 0-d floating tensor"),
-    (lambda: schedules.constant(-0.1), "constant: value must be >= 0"),
-    (lambda: schedules.constant("0.1"), "constant: value must be a number"),
-    (lambda: schedules.staged(math.inf), "staged: scale must be finite"),
-])
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (
+            lambda: schedules.piecewise_constant([1.0, math.nan], [1.0]),
+            r"piecewise_constant: values\[1\] must be finite",
+        ),
+        (
+            lambda: schedules.piecewise_constant([1.0, 2.0], [math.nan]),
+            r"piecewise_constant: boundaries\[0\] must be finite",
+        ),
+        (lambda: schedules.piecewise_constant([1.0, -2.0], [1.0]), r"values\[1\] must be >= 0, got -2.0"),
+        (lambda: schedules.inverse_time(math.nan), "inverse_time: scale must be finite"),
+        (lambda: schedules.inverse_time(1.0, math.inf), "inverse_time: offset must be finite"),
+        (lambda: schedules.inverse_time(-1.0), "inverse_time: scale must be >= 0"),
+        (lambda: schedules.inverse_time(torch.tensor(-1.0)), "inverse_time: scale must be >= 0"),
+        (
+            lambda: schedules.inverse_time(torch.ones(2)),
+            "inverse_time: scale must be a number or a 0-d floating tensor",
+        ),
+        (lambda: schedules.constant(-0.1), "constant: value must be >= 0"),
+        (lambda: schedules.constant("0.1"), "constant: value must be a number"),
+        (lambda: schedules.staged(math.inf), "staged: scale must be finite"),
+    ],
+)
 def test_factories_validate_their_arguments(build, match):
     with pytest.raises((ValueError, TypeError), match=match):
         build()

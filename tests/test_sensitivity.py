@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from conftest import diagonal_2d, nonlinear_2d
 
 import fwdtrain as ft
-from conftest import diagonal_2d, nonlinear_2d
 
 STEPS = 200
 DT = 0.01
@@ -30,6 +30,7 @@ def _check_against_finite_differences(sde, theta, x0, m, mode, eps=1e-6, rtol=1e
     checked = 0
     for name, leaf in theta.items():
         for j in range(leaf.numel()):
+
             def shifted(delta):
                 bumped = leaf.clone().reshape(-1)
                 bumped[j] += delta
@@ -76,13 +77,17 @@ def test_linearise_matches_explicit_jacobians():
     """D mu = mu_x Xtilde + mu_theta with the Jacobians computed separately by torch.autograd."""
     sde, theta = nonlinear_2d()
     x = torch.tensor([0.4, -0.2], dtype=torch.float64)
-    x_tilde = {k: torch.randn(2, *v.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-               for k, v in theta.items()}
+    x_tilde = {
+        k: torch.randn(2, *v.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        for k, v in theta.items()
+    }
     lin = ft.core.sensitivity.linearise(sde.coefficients, theta, x, x_tilde)
     mu_x = torch.autograd.functional.jacobian(lambda xx: sde.drift(theta, xx), x)
     for name, leaf in theta.items():
+
         def mu_of(p):
             return sde.drift({**theta, name: p}, x)
+
         mu_theta = torch.autograd.functional.jacobian(mu_of, leaf)  # (2, *s)
         expected = torch.tensordot(mu_x, x_tilde[name], dims=1) + mu_theta
         torch.testing.assert_close(lin.total.mu[name], expected)

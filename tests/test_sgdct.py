@@ -17,8 +17,16 @@ def test_step_is_the_formula():
     gen = torch.Generator().manual_seed(0)
     sigma = torch.randn(2, 3, generator=gen, dtype=torch.float64)
     sde = ft.SDE(lambda th, x: th["A"] @ x + th["c"], lambda th, x: sigma, lambda th, x: x.sum() * 0)
-    theta = {"A": torch.randn(2, 2, generator=gen, dtype=torch.float64), "c": torch.randn(2, generator=gen, dtype=torch.float64)}
-    x, dx, dt, alpha = torch.tensor([0.3, -1.2], dtype=torch.float64), torch.tensor([0.05, 0.02], dtype=torch.float64), 0.01, 0.7
+    theta = {
+        "A": torch.randn(2, 2, generator=gen, dtype=torch.float64),
+        "c": torch.randn(2, generator=gen, dtype=torch.float64),
+    }
+    x, dx, dt, alpha = (
+        torch.tensor([0.3, -1.2], dtype=torch.float64),
+        torch.tensor([0.05, 0.02], dtype=torch.float64),
+        0.01,
+        0.7,
+    )
     new = sgdct.step(sde, sgdct.init(theta), x, dx, dt, alpha)
     weighted = torch.linalg.solve(sigma @ sigma.T, dx - (theta["A"] @ x + theta["c"]) * dt)
     torch.testing.assert_close(new.theta["A"], theta["A"] + alpha * torch.outer(weighted, x))
@@ -55,7 +63,7 @@ def test_single_path_and_errors():
     with pytest.raises(ValueError, match="shape"):
         ft.run(sgdct.DriftEstimation(model, single=True, increments=increments[:, :0]), start, 50, 0.02, 0.5)
     with pytest.raises(AttributeError, match="sgdct.fit was removed in fwdtrain 0.3"):
-        sgdct.fit
+        _ = sgdct.fit
     with pytest.raises(TypeError, match="SGDCTState"):
         sgdct.step(model, theta, torch.ones(1, dtype=torch.float64), increments[0], 0.02, 0.5)
     with pytest.raises(ValueError, match="dt must be positive"):

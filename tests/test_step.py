@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
+from conftest import nonlinear_2d
 
 import fwdtrain as ft
 from fwdtrain.core._tree import leaves, tree_map
 from fwdtrain.core.sensitivity import linearise
-from conftest import nonlinear_2d
 
 DT = 0.01
 
@@ -18,7 +18,9 @@ def _random_state(sde, theta, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     x0 = torch.randn(n, 2, generator=g, dtype=torch.float64)
     state = ft.init(sde, theta, x0)
-    return state._replace(x_tilde=tree_map(lambda l: torch.randn(l.shape, generator=g, dtype=l.dtype), state.x_tilde))
+    return state._replace(
+        x_tilde=tree_map(lambda leaf: torch.randn(leaf.shape, generator=g, dtype=leaf.dtype), state.x_tilde)
+    )
 
 
 def test_step_does_not_modify_its_inputs_and_returns_no_graph():
@@ -55,15 +57,18 @@ def test_vmapped_particles_equal_separate_runs_with_frozen_theta():
     state = _random_state(sde, theta, n)
     noise = torch.randn(30, n, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * math.sqrt(DT)
     batched = state
-    singles = [ft.State(state.x[i:i + 1], tree_map(lambda l: l[i:i + 1], state.x_tilde), state.theta, state.t)
-               for i in range(n)]
+    singles = [
+        ft.State(state.x[i : i + 1], tree_map(lambda leaf: leaf[i : i + 1], state.x_tilde), state.theta, state.t)
+        for i in range(n)
+    ]
     for dw in noise:
         batched = ft.step(sde, batched, dw, DT, 0.0)
-        singles = [ft.step(sde, s, dw[i:i + 1], DT, 0.0) for i, s in enumerate(singles)]
+        singles = [ft.step(sde, s, dw[i : i + 1], DT, 0.0) for i, s in enumerate(singles)]
     torch.testing.assert_close(batched.x, torch.cat([s.x for s in singles]), rtol=1e-13, atol=1e-13)
     for name in theta:
-        torch.testing.assert_close(batched.x_tilde[name], torch.cat([s.x_tilde[name] for s in singles]),
-                                   rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(
+            batched.x_tilde[name], torch.cat([s.x_tilde[name] for s in singles]), rtol=1e-13, atol=1e-13
+        )
 
 
 def test_vmapped_step_equals_loop_over_particles_with_training():
@@ -73,17 +78,23 @@ def test_vmapped_step_equals_loop_over_particles_with_training():
     state = _random_state(sde, theta, n)
     dw = torch.randn(n, 3, dtype=torch.float64) * math.sqrt(DT)
     new = ft.step(sde, state, dw, DT, lr)
-    per_particle = [linearise(sde.coefficients, state.theta, state.x[i], tree_map(lambda l: l[i], state.x_tilde))
-                    for i in range(n)]
+    per_particle = [
+        linearise(sde.coefficients, state.theta, state.x[i], tree_map(lambda leaf: leaf[i], state.x_tilde))
+        for i in range(n)
+    ]
     x = torch.stack([state.x[i] + lin.value.mu * DT + lin.value.sigma @ dw[i] for i, lin in enumerate(per_particle)])
     torch.testing.assert_close(new.x, x)
     for name, leaf in theta.items():
         grad = torch.stack([lin.total.cost[name] for lin in per_particle]).mean(0)
         torch.testing.assert_close(new.theta[name], leaf - lr * DT * grad)
-        x_tilde = torch.stack([
-            state.x_tilde[name][i] + lin.total.mu[name] * DT + torch.tensordot(dw[i], lin.total.sigma[name].movedim(1, 0), dims=1)
-            for i, lin in enumerate(per_particle)
-        ])
+        x_tilde = torch.stack(
+            [
+                state.x_tilde[name][i]
+                + lin.total.mu[name] * DT
+                + torch.tensordot(dw[i], lin.total.sigma[name].movedim(1, 0), dims=1)
+                for i, lin in enumerate(per_particle)
+            ]
+        )
         torch.testing.assert_close(new.x_tilde[name], x_tilde)
     torch.testing.assert_close(new.t, state.t + DT)
 
@@ -108,8 +119,9 @@ def test_dtype_is_kept(dtype):
 
 
 def test_scalar_parameters_keep_their_dtype_under_a_float64_clock():
-    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x),
-                 lambda th, x: (x ** 2).sum() + th["k"] ** 2)
+    sde = ft.SDE(
+        lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x**2).sum() + th["k"] ** 2
+    )
     state = ft.init(sde, {"k": torch.tensor(1.0)}, torch.ones(1), particles=2)
     new = ft.step(sde, state, torch.ones(2, 1) * 0.1, DT, ft.schedules.inverse_time(1.0))
     assert new.theta["k"].dtype == torch.float32 and new.theta["k"].shape == ()
@@ -141,7 +153,7 @@ def _rss_bytes() -> int:
 
 def test_memory_is_flat_over_20000_steps():
     """20,000 steps through the driver's loop over the step kernel: no graph, no growing allocation."""
-    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x ** 2).sum())
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x**2).sum())
     theta = {"k": torch.tensor([1.0])}
     state = ft.init(sde, theta, torch.ones(1), particles=4)
     state, _ = ft.run(sde, state, 500, DT, 0.01, compile=False, save=ft.SaveAt(500))  # warm-up: allocator, dispatch

@@ -2,24 +2,26 @@
 
 import pytest
 import torch
+from test_sensitivity import _check_against_finite_differences
 from torch.func import jacfwd
 
 import fwdtrain as ft
 from fwdtrain.core._tree import leaves, tree_map
 from fwdtrain.core.kernel import propagate
-from fwdtrain.core.sensitivity import Plan
-from fwdtrain.problems import CostForm
 from fwdtrain.core.problem import check_noise_type
-from fwdtrain.core.sensitivity import control_sensitivity, linearise_particles
-from test_sensitivity import _check_against_finite_differences
+from fwdtrain.core.sensitivity import Plan, control_sensitivity, linearise_particles
+from fwdtrain.problems import CostForm
 
 F64 = torch.float64
 
 
 def _theta(seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"w1": 0.5 * torch.randn(4, 2, generator=g, dtype=F64), "b1": 0.1 * torch.randn(4, generator=g, dtype=F64),
-            "w2": 0.5 * torch.randn(2, 4, generator=g, dtype=F64)}
+    return {
+        "w1": 0.5 * torch.randn(4, 2, generator=g, dtype=F64),
+        "b1": 0.1 * torch.randn(4, generator=g, dtype=F64),
+        "w2": 0.5 * torch.randn(2, 4, generator=g, dtype=F64),
+    }
 
 
 def _control(th, x):
@@ -32,8 +34,12 @@ def _drift(x, u):
 
 
 def _full_diffusion(x, u):  # (2, 3), depends on x and u
-    return torch.stack([torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[1])]),
-                        torch.stack([0.02 * x[0] * u[1], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]])])
+    return torch.stack(
+        [
+            torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[1])]),
+            torch.stack([0.02 * x[0] * u[1], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]]),
+        ]
+    )
 
 
 def _diagonal_diffusion(x, u):  # (2,), depends on x and u
@@ -41,7 +47,7 @@ def _diagonal_diffusion(x, u):  # (2,), depends on x and u
 
 
 def _cost(x, u):
-    return (x ** 2).sum() + (u ** 2).sum() + 0.3 * x[0] * u[1]
+    return (x**2).sum() + (u**2).sum() + 0.3 * x[0] * u[1]
 
 
 def controlled(noise: str) -> ft.ControlledSDE:
@@ -76,11 +82,12 @@ def test_control_sensitivity_modes_agree_and_match_the_chain_rule():
     x_tilde = tree_map(lambda leaf: leaf[0], _random_sensitivity(theta, 1))
     u, d_u = control_sensitivity(_control, theta, x, x_tilde, "reverse")
     _, d_u_forward = control_sensitivity(_control, theta, x, x_tilde, "forward")
-    u_theta = torch.autograd.functional.jacobian(lambda *leaves_: _control(dict(zip(theta, leaves_)), x),
-                                                 tuple(theta.values()))
+    u_theta = torch.autograd.functional.jacobian(
+        lambda *leaves_: _control(dict(zip(theta, leaves_)), x), tuple(theta.values())
+    )
     u_x = torch.autograd.functional.jacobian(lambda x_: _control(theta, x_), x)
     torch.testing.assert_close(u, _control(theta, x))
-    for (name, leaf), jac in zip(theta.items(), u_theta):
+    for (name, _leaf), jac in zip(theta.items(), u_theta):
         expected = jac + torch.tensordot(u_x, x_tilde[name], dims=1)
         torch.testing.assert_close(d_u[name], expected, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(d_u_forward[name], expected, rtol=1e-12, atol=1e-12)
@@ -99,8 +106,12 @@ def test_additive_plain_sde_sensitivity_matches_finite_differences():
 def _additive_plain(noise_type="additive"):
     theta = {"a": torch.tensor([[-1.0, 0.3], [0.2, -0.8]], dtype=F64), "w": torch.tensor(0.7, dtype=F64)}
     sigma = torch.tensor([0.5, 0.2], dtype=F64)
-    sde = ft.SDE(lambda th, x: th["a"] @ x + th["w"] * torch.sin(x), lambda th, x: sigma,
-                 lambda th, x: (x ** 2).sum() + th["w"] * x[0], noise_type=noise_type)
+    sde = ft.SDE(
+        lambda th, x: th["a"] @ x + th["w"] * torch.sin(x),
+        lambda th, x: sigma,
+        lambda th, x: (x**2).sum() + th["w"] * x[0],
+        noise_type=noise_type,
+    )
     return sde, theta
 
 
@@ -130,15 +141,23 @@ def test_examples_with_constant_diffusion_declare_additive():
     assert ft.examples.lqr_1d().sde.noise_type == "additive"
 
 
-@pytest.mark.parametrize("declared,diffusion,message", [
-    ("additive", lambda x, u: 0.3 + 0.1 * x, "depends on x"),
-    ("additive", lambda x, u: 0.3 + 0.1 * u, "depends on theta"),
-    ("diagonal", lambda x, u: torch.ones(2, 2, dtype=F64), "noise_type='diagonal'"),
-    ("general", lambda x, u: torch.ones(2, dtype=F64), "noise_type='general'"),
-])
+@pytest.mark.parametrize(
+    "declared,diffusion,message",
+    [
+        ("additive", lambda x, u: 0.3 + 0.1 * x, "depends on x"),
+        ("additive", lambda x, u: 0.3 + 0.1 * u, "depends on theta"),
+        ("diagonal", lambda x, u: torch.ones(2, 2, dtype=F64), "noise_type='diagonal'"),
+        ("general", lambda x, u: torch.ones(2, dtype=F64), "noise_type='general'"),
+    ],
+)
 def test_wrong_declarations_are_clear_errors(declared, diffusion, message):
-    sde = ft.ControlledSDE(lambda th, x: th["k"] * torch.ones_like(x), lambda x, u: -x + u, diffusion,
-                           lambda x, u: (x ** 2).sum(), noise_type=declared)
+    sde = ft.ControlledSDE(
+        lambda th, x: th["k"] * torch.ones_like(x),
+        lambda x, u: -x + u,
+        diffusion,
+        lambda x, u: (x**2).sum(),
+        noise_type=declared,
+    )
     theta = {"k": torch.tensor([0.5, 0.2], dtype=F64)}
     with pytest.raises(ValueError, match=message):
         ft.init(sde, theta, torch.tensor([0.4, -0.1], dtype=F64))
@@ -171,14 +190,22 @@ def test_auto_picks_the_documented_route():
     sde = controlled("general")
     assert _mode("auto", ft.init(sde, theta, x0), sde) == "reverse"
     # structured with k = 5 control outputs and p = 1 parameter: forward
-    wide = ft.ControlledSDE(lambda th, x: th["c"] * torch.ones(5, dtype=F64), lambda x, u: -x + u[:2],
-                            lambda x, u: torch.ones(2, dtype=F64), lambda x, u: (u ** 2).sum())
+    wide = ft.ControlledSDE(
+        lambda th, x: th["c"] * torch.ones(5, dtype=F64),
+        lambda x, u: -x + u[:2],
+        lambda x, u: torch.ones(2, dtype=F64),
+        lambda x, u: (u**2).sum(),
+    )
     c = {"c": torch.tensor(0.3, dtype=F64)}
     assert _mode("auto", ft.init(wide, c, x0), wide) == "forward"
     # generic, d = 2, m = 2, p = 3: inferred counts d + d m + 1 = 7 > 3 (forward), additive d + 1 = 3 (reverse)
     theta3 = {"a": torch.tensor([-1.0, 0.3], dtype=F64), "w": torch.tensor(0.7, dtype=F64)}
-    gen = lambda nt: ft.SDE(lambda th, x: -x + th["a"] * th["w"], lambda th, x: torch.ones(2, dtype=F64),
-                            lambda th, x: (x ** 2).sum(), noise_type=nt)
+    gen = lambda nt: ft.SDE(
+        lambda th, x: -x + th["a"] * th["w"],
+        lambda th, x: torch.ones(2, dtype=F64),
+        lambda th, x: (x**2).sum(),
+        noise_type=nt,
+    )
     assert _mode("auto", ft.init(gen("additive"), theta3, x0), gen("additive")) == "reverse"
     assert _mode("auto", ft.init(gen(None), theta3, x0), gen(None)) == "forward"
     assert _mode("reverse", ft.init(gen(None), theta3, x0), gen(None)) == "reverse"
@@ -194,8 +221,12 @@ def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
     x0 = torch.tensor([[0.5, -0.3], [0.2, 0.1]], dtype=F64)[:particles]
 
     def run(theta_):
-        state = ft.State(x0, tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_), theta_,
-                         torch.zeros((), dtype=F64))
+        state = ft.State(
+            x0,
+            tree_map(lambda leaf: torch.zeros(particles, 2, *leaf.shape, dtype=F64), theta_),
+            theta_,
+            torch.zeros((), dtype=F64),
+        )
         for dw in noise_draws:
             moved, _ = propagate(sde, state, dw, 0.01, Plan("reverse", "structured"))
             state = moved._replace(t=state.t + 0.01)
@@ -233,12 +264,16 @@ def test_reverse_jacobian_equals_jacrev(outputs):
 def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops():
     from fwdtrain.core.sensitivity import structured_pays
 
-    assert structured_pays("reverse", 1, 1, 2)          # lqr-1d: k = 1, n = d + 1 = 2 (a tie: structured)
-    assert not structured_pays("reverse", 10, 10, 21)   # the 10-D LQR: k = d = 10, n = 21
-    assert structured_pays("reverse", 1, 2, 9)          # a scalar control, general 2 x 3 noise: n = 9
-    assert not structured_pays("forward", 1, 2, 9)      # forward mode: the contractions are extra work
-    scalar = ft.ControlledSDE(lambda th, x: th["w2"][:1] @ torch.tanh(th["w1"] @ x + th["b1"]), _drift_1,
-                              _diffusion_1, lambda x, u: (x ** 2).sum() + (u ** 2).sum())
+    assert structured_pays("reverse", 1, 1, 2)  # lqr-1d: k = 1, n = d + 1 = 2 (a tie: structured)
+    assert not structured_pays("reverse", 10, 10, 21)  # the 10-D LQR: k = d = 10, n = 21
+    assert structured_pays("reverse", 1, 2, 9)  # a scalar control, general 2 x 3 noise: n = 9
+    assert not structured_pays("forward", 1, 2, 9)  # forward mode: the contractions are extra work
+    scalar = ft.ControlledSDE(
+        lambda th, x: th["w2"][:1] @ torch.tanh(th["w1"] @ x + th["b1"]),
+        _drift_1,
+        _diffusion_1,
+        lambda x, u: (x**2).sum() + (u**2).sum(),
+    )
     theta, x0 = _theta(), torch.tensor([0.5, -0.3], dtype=F64)
     state = ft.init(scalar, theta, x0)
     assert _mode("auto", state, scalar) == "reverse"
@@ -256,5 +291,9 @@ def _drift_1(x, u):
 
 
 def _diffusion_1(x, u):  # (2, 3), depends on x and the scalar control
-    return torch.stack([torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[0])]),
-                        torch.stack([0.02 * x[0] * u[0], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]])])
+    return torch.stack(
+        [
+            torch.stack([0.3 + 0.1 * u[0], 0.05 * x[1], 0.1 * torch.sin(u[0])]),
+            torch.stack([0.02 * x[0] * u[0], 0.4 + 0.05 * x[0] ** 2, 0.1 * u[0]]),
+        ]
+    )

@@ -23,7 +23,7 @@ def test_seed_problem_trains_to_the_lqr_optimum():
 
 
 def test_linear_control_cost_formula():
-    grid = [ft.examples.linear_control_cost(k / 1000) for k in range(0, 2000)]
+    grid = [ft.examples.linear_control_cost(k / 1000) for k in range(2000)]
     assert ft.examples.linear_control_cost(OPTIMUM) <= min(grid)
     assert abs(grid.index(min(grid)) / 1000 - OPTIMUM) < 1e-3
     assert abs(ft.examples.linear_control_cost(OPTIMUM) - OPTIMUM) < 1e-12

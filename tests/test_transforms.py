@@ -8,13 +8,13 @@ import warnings
 
 import pytest
 import torch
+from conftest import diagonal_2d, nonlinear_2d
 from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
 
 import fwdtrain as ft
 from fwdtrain import calibration, sgdct
 from fwdtrain.core import _checks
 from fwdtrain.core.evaluate import average_cost
-from conftest import diagonal_2d, nonlinear_2d
 
 F64 = torch.float64
 DT = 0.01
@@ -25,7 +25,7 @@ PROBLEMS = {"full": nonlinear_2d, "diagonal": diagonal_2d}
 def _noise(sde, theta, steps, particles, seed=0):
     m = ft.core.state.noise_dim(sde, theta, X0.expand(particles, -1))
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT ** 0.5
+    return torch.randn((steps, particles, m), generator=generator, dtype=F64) * DT**0.5
 
 
 def _run(sde, theta, dws, lr, mode="auto"):
@@ -53,8 +53,10 @@ def _central(f, theta, eps=1e-6):
 
 def _final_cost(sde, dws):
     """The cost the meta-gradients below differentiate: particle-mean c at the final state."""
+
     def cost(state):
         return vmap(lambda x: sde.cost(state.theta, x))(state.x).mean()
+
     return cost
 
 
@@ -74,16 +76,18 @@ def test_jacobian_of_particles_is_x_tilde(problem, mode):
 def test_jvp_and_vjp_agree_with_jacfwd():
     sde, theta = nonlinear_2d()
     dws = _noise(sde, theta, 10, 2)
-    f = lambda th: _run(sde, th, dws, 0.3).x  # noqa: E731 - training steps, lr > 0
+    f = lambda th: _run(sde, th, dws, 0.3).x
     jacobian = jacfwd(f)(theta)
-    direction = {name: torch.linspace(-1, 1, leaf.numel(), dtype=F64).reshape(leaf.shape) for name, leaf in theta.items()}
+    direction = {
+        name: torch.linspace(-1, 1, leaf.numel(), dtype=F64).reshape(leaf.shape) for name, leaf in theta.items()
+    }
     expected = sum(torch.tensordot(jacobian[name], direction[name], dims=leaf.ndim) for name, leaf in theta.items())
     _, tangent = jvp(f, (theta,), (direction,))
     torch.testing.assert_close(tangent, expected, rtol=0, atol=1e-12)
     cotangent = torch.tensor([[1.0, -2.0], [0.5, 3.0]], dtype=F64)
     _, pullback = vjp(f, theta)
     (pulled,) = pullback(cotangent)
-    for name, leaf in theta.items():
+    for name, _leaf in theta.items():
         torch.testing.assert_close(pulled[name], torch.tensordot(cotangent, jacobian[name], dims=2), rtol=0, atol=1e-12)
 
 
@@ -92,7 +96,7 @@ def test_grad_wrt_theta0_through_training_equals_central_differences(problem):
     sde, theta = PROBLEMS[problem]()
     dws = _noise(sde, theta, 15, 2)
     cost = _final_cost(sde, dws)
-    f = lambda th: cost(_run(sde, th, dws, 0.5))  # noqa: E731 - a float lr
+    f = lambda th: cost(_run(sde, th, dws, 0.5))
     gradient = grad(f)(theta)
     reference = _central(f, theta)
     assert any(float(g.abs().max()) > 1e-3 for g in gradient.values())
@@ -117,7 +121,7 @@ def test_meta_gradient_wrt_learning_rate_equals_central_differences(case):
     sde, theta = nonlinear_2d()
     dws = _noise(sde, theta, 25, 2)
     cost = _final_cost(sde, dws)
-    f = lambda a: cost(_run(sde, theta, dws, make(a)))  # noqa: E731
+    f = lambda a: cost(_run(sde, theta, dws, make(a)))
     a = torch.tensor(value, dtype=F64)
     eps = 1e-6
     reference = (f(a + eps) - f(a - eps)) / (2 * eps)
@@ -162,8 +166,9 @@ def test_grad_wrt_x0_and_noise():
     torch.testing.assert_close(g_x0[0], (f(X0 + e, dws) - f(X0 - e, dws)) / (2 * eps), rtol=1e-6, atol=1e-9)
     bump = torch.zeros_like(dws)
     bump[3, 1, 0] = eps
-    torch.testing.assert_close(g_noise[3, 1, 0], (f(X0, dws + bump) - f(X0, dws - bump)) / (2 * eps),
-                               rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(
+        g_noise[3, 1, 0], (f(X0, dws + bump) - f(X0, dws - bump)) / (2 * eps), rtol=1e-6, atol=1e-9
+    )
 
 
 def test_vmap_over_runs_equals_a_loop():
@@ -196,7 +201,7 @@ def test_vmap_over_schedule_parameters():
 def test_linearise_under_grad():
     sde, theta = nonlinear_2d()
     x_tilde = {name: torch.full((2, *leaf.shape), 0.1, dtype=F64) for name, leaf in theta.items()}
-    f = lambda th: ft.core.sensitivity.linearise(sde.coefficients, th, X0, x_tilde).total.cost["w"]  # noqa: E731
+    f = lambda th: ft.core.sensitivity.linearise(sde.coefficients, th, X0, x_tilde).total.cost["w"]
     reference = _central(f, theta)
     for name, g in grad(f)(theta).items():
         torch.testing.assert_close(g, reference[name], rtol=1e-6, atol=1e-8)
@@ -204,15 +209,18 @@ def test_linearise_under_grad():
 
 def _calibration_problem():
     problem = calibration.calibration(
-        lambda th, x: -th["k"] * x, lambda th, x: th["s"] * torch.ones_like(x),
-        lambda th, x: torch.stack([x[0], x[0] ** 2]), torch.tensor([0.1, 0.5], dtype=F64))
+        lambda th, x: -th["k"] * x,
+        lambda th, x: th["s"] * torch.ones_like(x),
+        lambda th, x: torch.stack([x[0], x[0] ** 2]),
+        torch.tensor([0.1, 0.5], dtype=F64),
+    )
     return problem, {"k": torch.tensor([1.0], dtype=F64), "s": torch.tensor([0.8], dtype=F64)}
 
 
 def test_calibration_step_under_grad_and_vmap():
     problem, theta = _calibration_problem()
     generator = torch.Generator().manual_seed(1)
-    dws = torch.randn((6, 4, 1), generator=generator, dtype=F64) * DT ** 0.5
+    dws = torch.randn((6, 4, 1), generator=generator, dtype=F64) * DT**0.5
     x0 = torch.tensor([0.5], dtype=F64)
 
     def f(th, lr=2.0):
@@ -226,8 +234,9 @@ def test_calibration_step_under_grad_and_vmap():
     for name in theta:
         torch.testing.assert_close(gradient[name], reference[name], rtol=1e-6, atol=1e-9)
     lrs = torch.tensor([0.0, 2.0, 5.0], dtype=F64)
-    torch.testing.assert_close(vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]),
-                               rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]), rtol=0, atol=1e-13
+    )
 
 
 def test_sgdct_step_under_grad_and_vmap():
@@ -246,8 +255,9 @@ def test_sgdct_step_under_grad_and_vmap():
     gradient = grad(f)(theta)["k"]
     torch.testing.assert_close(gradient, _central(f, theta)["k"], rtol=1e-6, atol=1e-9)
     lrs = torch.tensor([0.0, 0.5, 2.0], dtype=F64)
-    torch.testing.assert_close(vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]),
-                               rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        vmap(lambda lr: f(theta, lr))(lrs), torch.stack([f(theta, float(a)) for a in lrs]), rtol=0, atol=1e-13
+    )
 
 
 def test_compiled_kernel_runs_eagerly_under_transforms():
@@ -259,8 +269,12 @@ def test_compiled_kernel_runs_eagerly_under_transforms():
     start = ft.init(sde, theta, X0, particles=2)
     plan = problem.plan(start)
     alpha = torch.tensor(0.1, dtype=F64)
-    one_step = ft.compile.function_kernel(lambda s, d, a: problem.advance(s, d, DT, a, plan), (start, dws[0], alpha),
-                                          key=(problem, plan, DT), options=ft.Compile(True, route="dynamo", backend="eager"))
+    one_step = ft.compile.function_kernel(
+        lambda s, d, a: problem.advance(s, d, DT, a, plan),
+        (start, dws[0], alpha),
+        key=(problem, plan, DT),
+        options=ft.Compile(True, route="dynamo", backend="eager"),
+    )
 
     def f(th, advance):
         state = ft.init(sde, th, X0, particles=2)
@@ -271,9 +285,12 @@ def test_compiled_kernel_runs_eagerly_under_transforms():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         compiled = jacfwd(lambda th: f(th, lambda s, dw: one_step(s, dw, 0.1)[0]))(theta)
-        stepped = jacfwd(lambda th: f(th, lambda s, dw: ft.step(sde, s, dw, DT, 0.1, mode="forward", compile=True)))(theta)
+        stepped = jacfwd(lambda th: f(th, lambda s, dw: ft.step(sde, s, dw, DT, 0.1, mode="forward", compile=True)))(
+            theta
+        )
         batched = vmap(lambda lr: one_step(ft.init(sde, theta, X0, particles=2), dws[0], lr)[0].x)(
-            torch.tensor([0.0, 0.1], dtype=F64))
+            torch.tensor([0.0, 0.1], dtype=F64)
+        )
     eager = jacfwd(lambda th: f(th, lambda s, dw: ft.step(sde, s, dw, DT, 0.1, mode="forward")))(theta)
     for name in theta:
         torch.testing.assert_close(compiled[name], eager[name], rtol=0, atol=1e-14)
@@ -284,7 +301,7 @@ def test_compiled_kernel_runs_eagerly_under_transforms():
 def test_average_cost_is_differentiable_and_stationary_cost_refuses_transforms():
     sde, theta = diagonal_2d()
     dws = _noise(sde, theta, 30, 4)
-    f = lambda th: average_cost(sde, th, X0, dws, DT, burn_in=5).mean()  # noqa: E731
+    f = lambda th: average_cost(sde, th, X0, dws, DT, burn_in=5).mean()
     reference = _central(f, theta)
     for name, g in grad(f)(theta).items():
         torch.testing.assert_close(g, reference[name], rtol=1e-6, atol=1e-9)
@@ -311,8 +328,11 @@ def test_is_concrete_and_value_checks_skipped_under_transforms():
     with pytest.raises(ValueError, match="0-d tensor"):
         vmap(lambda a: ft.step(sde, states, torch.zeros(2, 2, dtype=F64), DT, a))(torch.zeros(2, 3, dtype=F64))
     with pytest.raises(ValueError, match="returned a torch.float64 tensor of shape \\(3,\\)"):
-        vmap(lambda a: ft.step(sde, ft.init(sde, theta, X0), torch.zeros(1, 2, dtype=F64), DT,
-                               lambda t: a * torch.ones(3, dtype=F64)))(torch.zeros(2, dtype=F64))
+        vmap(
+            lambda a: ft.step(
+                sde, ft.init(sde, theta, X0), torch.zeros(1, 2, dtype=F64), DT, lambda t: a * torch.ones(3, dtype=F64)
+            )
+        )(torch.zeros(2, dtype=F64))
 
 
 def test_plain_calls_stay_graph_free():
@@ -365,13 +385,17 @@ def _controlled(outputs):
     """A ControlledSDE, control 2 -> 4 -> ``outputs`` (tanh), diagonal diffusion depending on x and u.
     route="auto" takes the structure-aware route for one control output, the generic one for two."""
     g = torch.Generator().manual_seed(3)
-    theta = {"w1": 0.5 * torch.randn(4, 2, generator=g, dtype=F64), "b1": 0.1 * torch.randn(4, generator=g, dtype=F64),
-             "w2": 0.5 * torch.randn(outputs, 4, generator=g, dtype=F64)}
-    sde = ft.ControlledSDE(control=lambda th, x: th["w2"] @ torch.tanh(th["w1"] @ x + th["b1"]),
-                           drift=lambda x, u: torch.stack([-x[0] + u[0], -0.5 * x[1] + 0.2 * u[-1]]),
-                           diffusion=lambda x, u: torch.stack([0.3 + 0.1 * torch.tanh(u[0] + x[1]),
-                                                               0.4 + 0.05 * u[-1] * x[0]]),
-                           cost=lambda x, u: (x ** 2).sum() + (u ** 2).sum())
+    theta = {
+        "w1": 0.5 * torch.randn(4, 2, generator=g, dtype=F64),
+        "b1": 0.1 * torch.randn(4, generator=g, dtype=F64),
+        "w2": 0.5 * torch.randn(outputs, 4, generator=g, dtype=F64),
+    }
+    sde = ft.ControlledSDE(
+        control=lambda th, x: th["w2"] @ torch.tanh(th["w1"] @ x + th["b1"]),
+        drift=lambda x, u: torch.stack([-x[0] + u[0], -0.5 * x[1] + 0.2 * u[-1]]),
+        diffusion=lambda x, u: torch.stack([0.3 + 0.1 * torch.tanh(u[0] + x[1]), 0.4 + 0.05 * u[-1] * x[0]]),
+        cost=lambda x, u: (x**2).sum() + (u**2).sum(),
+    )
     return sde, theta
 
 

@@ -10,4 +10,4 @@
 from .app import main
 from .parser import build_parser
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]

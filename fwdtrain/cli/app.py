@@ -29,7 +29,8 @@ import contextlib
 import io
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import distributed
 from ..core.errors import CheckpointError
@@ -48,8 +49,11 @@ def fail(error: BaseException | str, status: int, as_json: bool, every_rank: boo
     if not (every_rank or distributed.is_main()):
         return status
     message = str(error)
-    where = (f"rank {distributed.rank()}: " if every_rank and distributed.is_initialized()
-             and not message.startswith(f"rank {distributed.rank()}:") else "")
+    where = (
+        f"rank {distributed.rank()}: "
+        if every_rank and distributed.is_initialized() and not message.startswith(f"rank {distributed.rank()}:")
+        else ""
+    )
     print(f"fwdtrain: {where}error: {message}", file=sys.stderr)
     if as_json and distributed.is_main():
         kind = type(error).__name__ if isinstance(error, BaseException) else "Error"
@@ -63,8 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in argv
     quiet = not distributed.is_main()  # a rank > 0 under torchrun: rank 0 says it all
     try:
-        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext(), \
-                contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+        with (
+            contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext(),
+            contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext(),
+        ):
             args, named = parse(argv)
     except SystemExit as stop:  # --help
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
@@ -115,5 +121,14 @@ def _main(args: Any, named: bool) -> int:
     return status
 
 
-__all__ = ["main", "fail", "EXIT_OK", "EXIT_GROUP", "EXIT_USAGE", "EXIT_DIVERGED", "EXIT_CHECKPOINT", "EXIT_PLOT",
-           "EXIT_INTERRUPTED"]
+__all__ = [
+    "EXIT_CHECKPOINT",
+    "EXIT_DIVERGED",
+    "EXIT_GROUP",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PLOT",
+    "EXIT_USAGE",
+    "fail",
+    "main",
+]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -62,29 +63,41 @@ def resume(args: argparse.Namespace, named: bool, grouped: bool) -> tuple[Any, d
     saved = dict(checkpoint.metadata)
     saved.pop("ranks", None)
     if not grouped and saved.get("world_size", 1) != 1:
-        raise UsageError(f"--resume {args.resume} holds a run of {saved['world_size']} processes; resume it with "
-                         f"torchrun --nproc-per-node {saved['world_size']} -m fwdtrain ...")
+        raise UsageError(
+            f"--resume {args.resume} holds a run of {saved['world_size']} processes; resume it with "
+            f"torchrun --nproc-per-node {saved['world_size']} -m fwdtrain ..."
+        )
     if named and saved.get("problem", args.problem) != args.problem:
         raise CheckpointError(f"--resume {args.resume} holds a {saved['problem']!r} run, not {args.problem!r}")
     if checkpoint.history is None:
-        raise CheckpointError(f"--resume {args.resume} holds a state saved without its history, so the step count "
-                              f"and the noise position are unknown; continue it from Python with "
-                              f"fwdtrain.run(..., noise=...) or start a new run")
+        raise CheckpointError(
+            f"--resume {args.resume} holds a state saved without its history, so the step count "
+            f"and the noise position are unknown; continue it from Python with "
+            f"fwdtrain.run(..., noise=...) or start a new run"
+        )
     return checkpoint, saved
 
 
 def _options(args: argparse.Namespace, saved: dict[str, Any], resuming: bool) -> dict[str, Any]:
     """The builder's keywords: the checkpoint's particles, dt, seed, steps and dtype, then the options given
     (a resumed run refuses another particles, dt, dtype or seed: its noise continues that seed's stream)."""
-    options = {key: saved[key] for key in ("particles", "dt", "seed", "steps") if key in saved}
+    options: dict[str, Any] = {key: saved[key] for key in ("particles", "dt", "seed", "steps") if key in saved}
     if "dtype" in saved:
         options["dtype"] = DTYPES[saved["dtype"]]
-    given = {"particles": args.particles, "dt": args.dt, "seed": args.seed, "steps": args.steps,
-             "dtype": DTYPES[args.dtype] if args.dtype else None}
+    given = {
+        "particles": args.particles,
+        "dt": args.dt,
+        "seed": args.seed,
+        "steps": args.steps,
+        "dtype": DTYPES[args.dtype] if args.dtype else None,
+    }
     for key in ("particles", "dt", "dtype", "seed"):
         if resuming and given[key] is not None and key in options and given[key] != options[key]:
-            why = (f"; the resumed noise continues seed {saved[key]}'s stream: drop --seed (or start a new run)"
-                   if key == "seed" else "")
+            why = (
+                f"; the resumed noise continues seed {saved[key]}'s stream: drop --seed (or start a new run)"
+                if key == "seed"
+                else ""
+            )
             raise UsageError(f"--{key} {getattr(args, key)} differs from the resumed run's {saved[key]}{why}")
     options.update({key: value for key, value in given.items() if value is not None})
     return options
@@ -92,14 +105,24 @@ def _options(args: argparse.Namespace, saved: dict[str, Any], resuming: bool) ->
 
 def _training(args: argparse.Namespace, saved: dict[str, Any], resuming: bool) -> dict[str, Any]:
     """--optimizer, --clip and --average-from: given, or the resumed run's (another value is refused)."""
-    training = {"optimizer": saved.get("optimizer", "sgd"), "clip": saved.get("clip"),
-                "average_from": saved.get("average_from"), "solver": saved.get("solver", "euler")}
-    for key, flag in (("optimizer", "--optimizer"), ("clip", "--clip"), ("average_from", "--average-from"),
-                      ("solver", "--solver")):
+    training = {
+        "optimizer": saved.get("optimizer", "sgd"),
+        "clip": saved.get("clip"),
+        "average_from": saved.get("average_from"),
+        "solver": saved.get("solver", "euler"),
+    }
+    for key, flag in (
+        ("optimizer", "--optimizer"),
+        ("clip", "--clip"),
+        ("average_from", "--average-from"),
+        ("solver", "--solver"),
+    ):
         value = getattr(args, key)
         if resuming and value is not None and value != training[key]:
-            raise UsageError(f"{flag} {value} differs from the resumed run's {training[key]}: its state continues "
-                             f"as saved (drop {flag}, or start a new run)")
+            raise UsageError(
+                f"{flag} {value} differs from the resumed run's {training[key]}: its state continues "
+                f"as saved (drop {flag}, or start a new run)"
+            )
         if value is not None:
             training[key] = value
     return training
@@ -110,7 +133,7 @@ def update_rule(name: str, clip: float | None) -> optim.GradientTransformation |
     ``clip_by_global_norm(clip)`` when clipping."""
     if name == "sgd" and clip is None:
         return None
-    rule = optim.optimizer(name)
+    rule = optim.optimizer(name)  # type: ignore[arg-type]  # argparse's choices are optim.OPTIMIZERS
     return rule if clip is None else optim.chain(optim.clip_by_global_norm(clip), rule)
 
 
@@ -149,8 +172,9 @@ def _start(job_parts: dict[str, Any], checkpoint: Any) -> tuple[State, Any]:
     if members is None:
         first = with_optimizer(example.initial_state(), rule, average_from=training["average_from"])
     else:
-        first = ensemble.stack([with_optimizer(ex.initial_state(), rule, average_from=training["average_from"])
-                                for ex in members])
+        first = ensemble.stack(
+            [with_optimizer(ex.initial_state(), rule, average_from=training["average_from"]) for ex in members]
+        )
     if checkpoint is None:
         return first, None
     problem = job_parts["problem"]
@@ -179,22 +203,49 @@ def prepare(args: argparse.Namespace, named: bool) -> Job:
     lr, lr0 = learning_rate(example, args.lr if args.lr is not None else saved.get("lr"), name, offset)
     count = _members(args, saved, resuming)
     if (grouped or count is not None) and example.data is not None:
-        raise UsageError(f"{problem} estimates from observed paths in one process: run it without torchrun "
-                         f"and without --ensemble")
+        raise UsageError(
+            f"{problem} estimates from observed paths in one process: run it without torchrun and without --ensemble"
+        )
     if grouped and count is not None:
         raise UsageError("--ensemble runs in one process; run it without torchrun")
-    members = None if count is None else [examples.REGISTRY[problem](**{**options, "seed": seed + e})
-                                          for e in range(count)]
+    members = (
+        None if count is None else [examples.REGISTRY[problem](**{**options, "seed": seed + e}) for e in range(count)]
+    )
     parts = {"example": example, "members": members, "rule": rule, "training": training, "problem": problem}
     start = _start(parts, checkpoint)
     done = start[1].steps if start[1] is not None else 0
     label = (f"inverse-time, T0 {offset:g}" if name == "inverse-time" else name) or "problem default"
-    metadata = {"problem": problem, "particles": example.particles, "dt": example.dt, "steps": example.steps,
-                "seed": seed, "dtype": str(example.x0.dtype).removeprefix("torch."), "lr": lr0, "schedule": name,
-                "lr_offset": offset, **training, **({"world_size": size} if grouped else {}),
-                **({"ensemble": count} if count is not None else {})}
-    job = Job(args, problem, example, members, start, done, max(example.steps - done, 0), lr, lr0, label, seed, rule,
-              training, metadata, size)
+    metadata = {
+        "problem": problem,
+        "particles": example.particles,
+        "dt": example.dt,
+        "steps": example.steps,
+        "seed": seed,
+        "dtype": str(example.x0.dtype).removeprefix("torch."),
+        "lr": lr0,
+        "schedule": name,
+        "lr_offset": offset,
+        **training,
+        **({"world_size": size} if grouped else {}),
+        **({"ensemble": count} if count is not None else {}),
+    }
+    job = Job(
+        args,
+        problem,
+        example,
+        members,
+        start,
+        done,
+        max(example.steps - done, 0),
+        lr,
+        lr0,
+        label,
+        seed,
+        rule,
+        training,
+        metadata,
+        size,
+    )
     probe_paths(job)
     return job
 
@@ -209,4 +260,4 @@ def probe_paths(job: Job) -> None:
             raise UsageError(f"--plot {job.plot_path}: the plot is a PNG; name a .png file")
 
 
-__all__ = ["Job", "prepare", "resume", "update_rule", "learning_rate", "probe_paths"]
+__all__ = ["Job", "learning_rate", "prepare", "probe_paths", "resume", "update_rule"]

@@ -6,7 +6,8 @@ import argparse
 import difflib
 import inspect
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import torch
 
@@ -22,7 +23,7 @@ class UsageError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]  # one line, not the usage block
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
         raise UsageError(f"{message} (see fwdtrain --help)")
 
 
@@ -57,46 +58,94 @@ rate = _finite_float(positive=False)
 
 
 def _training_options(add: Callable[..., Any]) -> None:
-    add("--total-steps", "--steps", dest="steps", type=_positive_int, metavar="N",
+    add(
+        "--total-steps",
+        "--steps",
+        dest="steps",
+        type=_positive_int,
+        metavar="N",
         help="train up to N steps in total, counted from the start of the run: a --resume'd run continues up to "
-             "N (fwdtrain.run's steps counts the steps of one call)")
+        "N (fwdtrain.run's steps counts the steps of one call)",
+    )
     add("--dt", type=positive_float, help="time step h")
-    add("--particles", type=_positive_int, help="number of particles N (per process under torchrun: R processes "
-        "simulate R N particles)")
+    add(
+        "--particles",
+        type=_positive_int,
+        help="number of particles N (per process under torchrun: R processes simulate R N particles)",
+    )
     add("--lr", type=rate, help="learning rate alpha(0); without --schedule the problem's schedule is scaled to it")
-    add("--schedule", choices=SCHEDULES, help="learning-rate schedule: constant alpha; inverse-time alpha T0/(T0 + t); "
-        "staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)")
+    add(
+        "--schedule",
+        choices=SCHEDULES,
+        help="learning-rate schedule: constant alpha; inverse-time alpha T0/(T0 + t); "
+        "staged alpha, alpha/2 after t=50, /5 after 100, /10 after 500 (default: the problem's)",
+    )
     add("--lr-offset", type=positive_float, metavar="T0", help="T0 of the inverse-time schedule (default 50)")
     add("--seed", type=int, help="seed of the initial network and the noise (default 0)")
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
-    add("--solver", choices=SOLVERS, help="the scheme: euler (default; any noise), heun (weak order 2; a diffusion "
-        "that does not depend on x), milstein (strong order 1; diagonal or one noise)")
-    add("--optimizer", choices=tuple(optim.OPTIMIZERS), help="update rule (default sgd: theta <- theta - alpha h G); "
-        "momentum 0.9, adam (0.9, 0.999), rmsprop 0.99 with their default options; the rate stays alpha(t) h")
+    add(
+        "--solver",
+        choices=SOLVERS,
+        help="the scheme: euler (default; any noise), heun (weak order 2; a diffusion "
+        "that does not depend on x), milstein (strong order 1; diagonal or one noise)",
+    )
+    add(
+        "--optimizer",
+        choices=tuple(optim.OPTIMIZERS),
+        help="update rule (default sgd: theta <- theta - alpha h G); "
+        "momentum 0.9, adam (0.9, 0.999), rmsprop 0.99 with their default options; the rate stays alpha(t) h",
+    )
     add("--clip", type=positive_float, metavar="NORM", help="clip the gradient's global norm at NORM before the rule")
-    add("--average-from", type=rate, metavar="T", help="Polyak-Ruppert average of theta over t >= T: recorded, and "
-        "evaluated next to the last iterate")
+    add(
+        "--average-from",
+        type=rate,
+        metavar="T",
+        help="Polyak-Ruppert average of theta over t >= T: recorded, and evaluated next to the last iterate",
+    )
 
 
 def _output_options(add: Callable[..., Any]) -> None:
     add("--record-every", type=_positive_int, default=100, help="steps between history records (default 100)")
-    add("--compile", action=argparse.BooleanOptionalAction, default=None,
+    add(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="compile the step (traced once; kept on disk, so a later run loads it); --no-compile: eager. "
-             "Default: compile when the run is long enough to repay it, as measured on this machine")
+        "Default: compile when the run is long enough to repay it, as measured on this machine",
+    )
     add("--fuse", type=_positive_int, metavar="K", help=argparse.SUPPRESS)  # 0.2: fusing is automatic in 0.3
-    add("--checkpoint", metavar="PATH", help="save a checkpoint here at the end, on Ctrl-C and every "
-        "--checkpoint-every steps (the folder must exist and be writable; checked before the first step)")
+    add(
+        "--checkpoint",
+        metavar="PATH",
+        help="save a checkpoint here at the end, on Ctrl-C and every "
+        "--checkpoint-every steps (the folder must exist and be writable; checked before the first step)",
+    )
     add("--checkpoint-every", type=_positive_int, default=10_000, metavar="STEPS", help="default 10000")
-    add("--resume", metavar="PATH", help="continue the run saved in this checkpoint (its seed, dt, particles "
-        "and dtype; a different --seed is refused)")
-    add("--plot", metavar="PATH", help="write the PNG here (default fwdtrain-<problem>.png; the folder is checked "
-        "before the first step)")
+    add(
+        "--resume",
+        metavar="PATH",
+        help="continue the run saved in this checkpoint (its seed, dt, particles "
+        "and dtype; a different --seed is refused)",
+    )
+    add(
+        "--plot",
+        metavar="PATH",
+        help="write the PNG here (default fwdtrain-<problem>.png; the folder is checked before the first step)",
+    )
     add("--no-plot", action="store_true", help="do not write a plot")
     add("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a terminal)")
-    add("--json", action="store_true", help="print one JSON object (also for an error: {\"error\": ..., "
-        "\"exit_status\": ...}) instead of the table")
-    add("--ensemble", type=_positive_int, metavar="E", help="train seeds seed .. seed+E-1 as one vmapped run "
-        "and print each member's result and the mean and standard deviation over members (no plot)")
+    add(
+        "--json",
+        action="store_true",
+        help='print one JSON object (also for an error: {"error": ..., "exit_status": ...}) instead of the table',
+    )
+    add(
+        "--ensemble",
+        type=_positive_int,
+        metavar="E",
+        help="train seeds seed .. seed+E-1 as one vmapped run "
+        "and print each member's result and the mean and standard deviation over members (no plot)",
+    )
 
 
 def _options() -> argparse.ArgumentParser:
@@ -109,25 +158,36 @@ def _options() -> argparse.ArgumentParser:
 def defaults_of(builder: Callable[..., Any]) -> str:
     """The problem's defaults as the help shows them: "steps 6000, dt 0.01, particles 256, lr 10"."""
     parameters = inspect.signature(builder).parameters
-    shown = [f"{name} {parameters[name].default:g}" for name in ("steps", "dt", "particles", "lr")
-             if name in parameters and isinstance(parameters[name].default, (int, float))]
+    shown = [
+        f"{name} {parameters[name].default:g}"
+        for name in ("steps", "dt", "particles", "lr")
+        if name in parameters and isinstance(parameters[name].default, (int, float))
+    ]
     return ", ".join(shown)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser: one subcommand per problem of ``fwdtrain.examples.REGISTRY``, sharing the options."""
-    parser = _Parser(prog="fwdtrain", usage="fwdtrain [-h] [PROBLEM] [options]",
-                     description="Online forward-propagation training of SDEs: train a built-in problem and compare "
-                                 f"with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
-                     epilog="options: fwdtrain PROBLEM --help (--total-steps, --dt, --particles, --lr, --schedule, "
-                            "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...)")
-    sub = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
+    parser = _Parser(
+        prog="fwdtrain",
+        usage="fwdtrain [-h] [PROBLEM] [options]",
+        description="Online forward-propagation training of SDEs: train a built-in problem and compare "
+        f"with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
+        epilog="options: fwdtrain PROBLEM --help (--total-steps, --dt, --particles, --lr, --schedule, "
+        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...)",
+    )
+    sub: Any = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
     common = _options()
     for name, builder in examples.REGISTRY.items():
         summary = getattr(builder, "summary", None) or name
         defaults = defaults_of(builder)
-        sub.add_parser(name, parents=[common], help=f"{summary} (defaults: {defaults})",
-                       description=f"{summary}. Defaults: {defaults}.", usage=f"fwdtrain {name} [options]")
+        sub.add_parser(
+            name,
+            parents=[common],
+            help=f"{summary} (defaults: {defaults})",
+            description=f"{summary}. Defaults: {defaults}.",
+            usage=f"fwdtrain {name} [options]",
+        )
     return parser
 
 
@@ -150,11 +210,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     named = bool(argv) and argv[0] in examples.REGISTRY
     args = build_parser().parse_args(with_problem(argv))
     if args.fuse is not None and args.compile is False:
-        raise UsageError(f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one "
-                         f"(in fwdtrain 0.3 compiled runs take every run of steps between two events in one call: "
-                         f"--fuse is no longer needed)")
+        raise UsageError(
+            f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one "
+            f"(in fwdtrain 0.3 compiled runs take every run of steps between two events in one call: "
+            f"--fuse is no longer needed)"
+        )
     return args, named
 
 
-__all__ = ["SCHEDULES", "DTYPES", "SOLVERS", "UsageError", "build_parser", "with_problem", "parse", "defaults_of",
-           "positive_float", "rate"]
+__all__ = [
+    "DTYPES",
+    "SCHEDULES",
+    "SOLVERS",
+    "UsageError",
+    "build_parser",
+    "defaults_of",
+    "parse",
+    "positive_float",
+    "rate",
+    "with_problem",
+]

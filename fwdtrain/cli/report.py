@@ -36,9 +36,15 @@ def _first(reference: dict, *names: str) -> float | None:
 
 def compare(example: Any, learned: dict[str, Any]) -> dict[str, Any]:
     """{metric: {learned, reference, relative_error}} for the metrics with a reference."""
-    return {name: {"learned": float(learned[name]), "reference": float(reference),
-                   "relative_error": relative_error(float(learned[name]), float(reference))}
-            for name, reference in example.reference.items() if name in learned}
+    return {
+        name: {
+            "learned": float(learned[name]),
+            "reference": float(reference),
+            "relative_error": relative_error(float(learned[name]), float(reference)),
+        }
+        for name, reference in example.reference.items()
+        if name in learned
+    }
 
 
 def _metrics(example: Any, state: Any) -> dict[str, Any]:
@@ -56,10 +62,15 @@ def _plot(job: Job, example: Any, state: Any, history: Any, path: str) -> str:
     slope = _first(example.reference, "slope", "optimal_slope")
     control = example.sde.control if isinstance(example.sde, ControlledSDE) else None
     return plotting.plot_run(
-        path, history, control=control, theta=state.theta,
+        path,
+        history,
+        control=control,
+        theta=state.theta,
         optimal_control=(lambda xs: slope * xs) if slope is not None else None,
-        optimal_cost=_first(example.reference, "cost", "optimal_cost"), dim=example.x0.shape[0],
-        title=f"{job.problem}: {history.steps} steps, dt {example.dt}, {job.size * example.particles} particles")
+        optimal_cost=_first(example.reference, "cost", "optimal_cost"),
+        dim=example.x0.shape[0],
+        title=f"{job.problem}: {history.steps} steps, dt {example.dt}, {job.size * example.particles} particles",
+    )
 
 
 def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | None) -> Evaluation:
@@ -85,19 +96,32 @@ def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | 
 def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, seed: int) -> dict[str, Any]:
     """The keys that a single run's result and each ensemble member's share."""
     taken = history.steps - job.done
-    return {"problem": job.problem, "steps": history.steps, "steps_this_run": taken,
-            "t": round(float(state.t), 10), "dt": example.dt, "particles": example.particles,
-            "processes": job.size, "dtype": job.metadata["dtype"], "lr": job.lr0, "schedule": job.schedule,
-            "seed": seed, **job.training,
-            "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
-            "wall_s": trained.wall, "steps_per_s": taken / trained.wall if trained.wall > 0 else 0.0}
+    return {
+        "problem": job.problem,
+        "steps": history.steps,
+        "steps_this_run": taken,
+        "t": round(float(state.t), 10),
+        "dt": example.dt,
+        "particles": example.particles,
+        "processes": job.size,
+        "dtype": job.metadata["dtype"],
+        "lr": job.lr0,
+        "schedule": job.schedule,
+        "seed": seed,
+        **job.training,
+        "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
+        "wall_s": trained.wall,
+        "steps_per_s": taken / trained.wall if trained.wall > 0 else 0.0,
+    }
 
 
 def _nothing_left(job: Job) -> str | None:
     if job.remaining > 0:
         return None
-    return (f"nothing to train: the run is at step {job.done}, at or past --total-steps {job.example.steps}; "
-            f"give a larger --total-steps to continue it")
+    return (
+        f"nothing to train: the run is at step {job.done}, at or past --total-steps {job.example.steps}; "
+        f"give a larger --total-steps to continue it"
+    )
 
 
 def single_result(job: Job, trained: Trained) -> dict[str, Any]:
@@ -105,11 +129,17 @@ def single_result(job: Job, trained: Trained) -> dict[str, Any]:
     state, history = trained.state, trained.history
     evaluation = evaluate(job, job.example, state, history, job.plot_path)
     notes = [n for n in (_nothing_left(job), evaluation.note) if n]
-    return {**_common(job, job.example, state, history, trained, job.seed), "evaluate_s": evaluation.seconds,
-            "metrics": evaluation.metrics, "plot": evaluation.plot, "plot_error": evaluation.plot_error,
-            "plot_note": "; ".join(notes) or None, "checkpoint": None if trained.unsaved else job.args.checkpoint,
-            "checkpoint_error": trained.unsaved,
-            "interrupted": bool(history.interrupted) or evaluation.interrupted}
+    return {
+        **_common(job, job.example, state, history, trained, job.seed),
+        "evaluate_s": evaluation.seconds,
+        "metrics": evaluation.metrics,
+        "plot": evaluation.plot,
+        "plot_error": evaluation.plot_error,
+        "plot_note": "; ".join(notes) or None,
+        "checkpoint": None if trained.unsaved else job.args.checkpoint,
+        "checkpoint_error": trained.unsaved,
+        "interrupted": bool(history.interrupted) or evaluation.interrupted,
+    }
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
@@ -128,24 +158,43 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
         member_state, member_history = ensemble.member(state, e), ensemble.member_history(history, e)
         evaluation = evaluate(job, example, member_state, member_history, None)
         cut_short = cut_short or evaluation.interrupted
-        results.append({**_common(job, example, member_state, history, trained, job.seed + e),
-                        "evaluate_s": evaluation.seconds, "metrics": evaluation.metrics, "plot": None,
-                        "plot_error": None, "plot_note": evaluation.note, "checkpoint": None,
-                        "interrupted": bool(history.interrupted) or evaluation.interrupted,
-                        "diverged": bool(history.diverged[e]), "frozen_at": int(history.frozen_at[e])})
+        results.append(
+            {
+                **_common(job, example, member_state, history, trained, job.seed + e),
+                "evaluate_s": evaluation.seconds,
+                "metrics": evaluation.metrics,
+                "plot": None,
+                "plot_error": None,
+                "plot_note": evaluation.note,
+                "checkpoint": None,
+                "interrupted": bool(history.interrupted) or evaluation.interrupted,
+                "diverged": bool(history.diverged[e]),
+                "frozen_at": int(history.frozen_at[e]),
+            }
+        )
     kept = [r for r in results if not r["diverged"]]
     summary = {}
-    for name in (kept[0]["metrics"] if kept else {}):
+    for name in kept[0]["metrics"] if kept else {}:
         mean, std = _spread([r["metrics"][name]["learned"] for r in kept])
         summary[name] = {"mean": mean, "std": std, "reference": kept[0]["metrics"][name]["reference"]}
     taken = history.steps - job.done
-    return {"problem": job.problem, "ensemble": len(results), "seeds": [job.seed, job.seed + len(results) - 1],
-            "members": results, "summary": summary, "diverged": [r["seed"] for r in results if r["diverged"]],
-            "steps": history.steps, "steps_this_run": taken, "wall_s": trained.wall,
-            "member_steps_per_s": len(results) * taken / trained.wall if trained.wall > 0 else 0.0,
-            "checkpoint": None if trained.unsaved else job.args.checkpoint, "checkpoint_error": trained.unsaved,
-            "plot_error": None, "interrupted": bool(history.interrupted) or cut_short,
-            "note": _nothing_left(job)}
+    return {
+        "problem": job.problem,
+        "ensemble": len(results),
+        "seeds": [job.seed, job.seed + len(results) - 1],
+        "members": results,
+        "summary": summary,
+        "diverged": [r["seed"] for r in results if r["diverged"]],
+        "steps": history.steps,
+        "steps_this_run": taken,
+        "wall_s": trained.wall,
+        "member_steps_per_s": len(results) * taken / trained.wall if trained.wall > 0 else 0.0,
+        "checkpoint": None if trained.unsaved else job.args.checkpoint,
+        "checkpoint_error": trained.unsaved,
+        "plot_error": None,
+        "interrupted": bool(history.interrupted) or cut_short,
+        "note": _nothing_left(job),
+    }
 
 
 def _percent(value: float | None) -> str:
@@ -154,22 +203,33 @@ def _percent(value: float | None) -> str:
 
 def table(result: dict[str, Any]) -> str:
     """A single run's result as the command line prints it."""
-    particles = (f"{result['particles']} particles" if result["processes"] == 1 else
-                 f"{result['processes']} x {result['particles']} particles")
+    particles = (
+        f"{result['particles']} particles"
+        if result["processes"] == 1
+        else f"{result['processes']} x {result['particles']} particles"
+    )
     rule = result["optimizer"] + (f", clip {result['clip']:g}" if result["clip"] is not None else "")
     averaged = any("averaged" in m for m in result["metrics"].values())
-    lines = [f"fwdtrain {result['problem']}: {particles}, dt {result['dt']}, {result['dtype']}, {result['solver']}, "
-             f"lr {result['lr']:g} ({result['schedule']}), {rule}, seed {result['seed']}",
-             f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"
-             + (f"{'averaged':>14}{'rel. error':>12}" if averaged else "")]
+    lines = [
+        f"fwdtrain {result['problem']}: {particles}, dt {result['dt']}, {result['dtype']}, {result['solver']}, "
+        f"lr {result['lr']:g} ({result['schedule']}), {rule}, seed {result['seed']}",
+        f"{'metric':<12}{'learned':>14}{'reference':>14}{'rel. error':>12}"
+        + (f"{'averaged':>14}{'rel. error':>12}" if averaged else ""),
+    ]
     for name, m in result["metrics"].items():
-        lines.append(f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g} {_percent(m['relative_error'])}"
-                     + (f"{m['averaged']:>14.6g} {_percent(m['averaged_relative_error'])}" if "averaged" in m else ""))
+        lines.append(
+            f"{name:<12}{m['learned']:>14.6g}{m['reference']:>14.6g} {_percent(m['relative_error'])}"
+            + (f"{m['averaged']:>14.6g} {_percent(m['averaged_relative_error'])}" if "averaged" in m else "")
+        )
     if result["average_from"] is not None:
-        lines.append(f"learned: the last iterate; averaged: the mean of theta over the {result['averaged_iterates']} "
-                     f"iterates with t >= {result['average_from']:g} (--average-from)")
-    lines.append(f"steps {result['steps']} in total (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
-                 f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s")
+        lines.append(
+            f"learned: the last iterate; averaged: the mean of theta over the {result['averaged_iterates']} "
+            f"iterates with t >= {result['average_from']:g} (--average-from)"
+        )
+    lines.append(
+        f"steps {result['steps']} in total (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
+        f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s"
+    )
     lines += _tail(result)
     return "\n".join(lines)
 
@@ -179,15 +239,15 @@ def _tail(result: dict[str, Any]) -> list[str]:
     if result.get("diverged"):
         lines.append(f"diverged: frozen at its last finite state, step {result['frozen_at']}")
     if result["interrupted"]:
-        lines.append(f"interrupted at step {result['steps']}" + (f"; checkpoint saved to {result['checkpoint']}"
-                                                               if result["checkpoint"] else ""))
+        lines.append(
+            f"interrupted at step {result['steps']}"
+            + (f"; checkpoint saved to {result['checkpoint']}" if result["checkpoint"] else "")
+        )
     elif result["checkpoint"]:
         lines.append(f"checkpoint: {result['checkpoint']}")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
-    for key in ("plot_note", "note"):
-        if result.get(key):
-            lines.append(result[key])
+    lines.extend(result[key] for key in ("plot_note", "note") if result.get(key))
     if result.get("plot_error"):
         lines.append(f"plot NOT written: {result['plot_error']}")
     if result.get("checkpoint_error"):
@@ -200,15 +260,19 @@ def ensemble_table(result: dict[str, Any]) -> str:
     blocks = [table(member) for member in result["members"]]
     first, last = result["seeds"]
     kept = result["ensemble"] - len(result["diverged"])
-    lines = [f"ensemble of {result['ensemble']} members (seeds {first}..{last}) in one vmapped run: mean and "
-             f"standard deviation over the {kept} members that did not diverge",
-             f"{'metric':<12}{'mean':>14}{'std':>14}{'reference':>14}"]
+    lines = [
+        f"ensemble of {result['ensemble']} members (seeds {first}..{last}) in one vmapped run: mean and "
+        f"standard deviation over the {kept} members that did not diverge",
+        f"{'metric':<12}{'mean':>14}{'std':>14}{'reference':>14}",
+    ]
     for name, m in result["summary"].items():
         lines.append(f"{name:<12}{m['mean']:>14.6g}{m['std']:>14.6g}{m['reference']:>14.6g}")
     if result["diverged"]:
         lines.append(f"diverged (frozen, left out): seeds {', '.join(map(str, result['diverged']))}")
-    lines.append(f"steps {result['steps']} in total, this run {result['steps_this_run']} in {result['wall_s']:.1f} s = "
-                 f"{result['member_steps_per_s']:.0f} member-steps/s")
+    lines.append(
+        f"steps {result['steps']} in total, this run {result['steps_this_run']} in {result['wall_s']:.1f} s = "
+        f"{result['member_steps_per_s']:.0f} member-steps/s"
+    )
     lines += [line for line in _tail({**result, "interrupted": False}) if not line.startswith("diverged")]
     return "\n\n".join(blocks + ["\n".join(lines)])
 
@@ -222,5 +286,15 @@ def render(result: dict[str, Any]) -> str:
     return ensemble_table(result) if "ensemble" in result else table(result)
 
 
-__all__ = ["Evaluation", "evaluate", "compare", "relative_error", "report", "single_result", "ensemble_result",
-           "table", "ensemble_table", "render"]
+__all__ = [
+    "Evaluation",
+    "compare",
+    "ensemble_result",
+    "ensemble_table",
+    "evaluate",
+    "relative_error",
+    "render",
+    "report",
+    "single_result",
+    "table",
+]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from .. import distributed
 from ..compile.options import Compile
@@ -40,13 +40,28 @@ def _hooks(job: Job) -> tuple[Hook, ...]:
 def _run(job: Job, options: dict[str, Any]) -> tuple[Any, Any]:
     example = job.example
     if job.grouped:  # the same run on every rank: the group's gradient, per-rank noise
-        return distributed.distributed_run(example.trainable, job.start, job.remaining, example.dt, job.lr, job.seed,
-                                           checks=Checks(min(100, job.args.record_every)), **options)
+        return distributed.distributed_run(
+            example.trainable,
+            job.start,
+            job.remaining,
+            example.dt,
+            job.lr,
+            job.seed,
+            checks=Checks(min(100, job.args.record_every)),
+            **options,
+        )
     if job.members is not None:  # E seeds, one vmapped run
         problem = ensemble.Ensemble(example.trainable, len(job.members))
         return run(problem, job.start, job.remaining, example.dt, job.lr, job.seed, **options)
-    return run(example.trainable, job.start, job.remaining, example.dt, job.lr, example.noise(job.seed, example.steps),
-               **options)
+    return run(
+        example.trainable,
+        job.start,
+        job.remaining,
+        example.dt,
+        job.lr,
+        example.noise(job.seed, example.steps),
+        **options,
+    )
 
 
 def _kept(job: Job, error: DivergenceError) -> str:
@@ -55,17 +70,24 @@ def _kept(job: Job, error: DivergenceError) -> str:
     if not args.checkpoint:
         return "rerun with --checkpoint PATH to keep its last finite state, and a smaller --lr or --dt"
     save(args.checkpoint, error.state, error.history, metadata=job.metadata)
-    return (f"its last finite state (step {error.last_finite_step}) is saved in {args.checkpoint}: continue it with "
-            f"--resume {args.checkpoint} and a smaller --lr")
+    return (
+        f"its last finite state (step {error.last_finite_step}) is saved in {args.checkpoint}: continue it with "
+        f"--resume {args.checkpoint} and a smaller --lr"
+    )
 
 
 def train(job: Job) -> Trained:
     """Train ``job``; ``Diverged`` on divergence (the last finite state saved to --checkpoint); a checkpoint that
     could not be written at the end is reported in ``Trained.unsaved``, the results kept."""
     args = job.args
-    enabled = "auto" if args.compile is None else bool(args.compile or args.fuse)
-    options = dict(save=SaveAt(args.record_every), optimizer=job.rule, solver=job.training["solver"],
-                   hooks=_hooks(job), compile=Compile(enabled))
+    enabled: bool | Literal["auto"] = "auto" if args.compile is None else bool(args.compile or args.fuse)
+    options = dict(
+        save=SaveAt(args.record_every),
+        optimizer=job.rule,
+        solver=job.training["solver"],
+        hooks=_hooks(job),
+        compile=Compile(enabled),
+    )
     start, unsaved = time.perf_counter(), None
     try:
         state, history = _run(job, options)
@@ -75,12 +97,14 @@ def train(job: Job) -> Trained:
     except distributed.GroupError as error:
         if error.reason == "non-finite" and args.checkpoint and error.history is not None:
             distributed.save_group(args.checkpoint, error.state, error.history, metadata=job.metadata)
-            error.args = (f"{error.args[0]}; the last state every rank agreed on (step {error.history.steps}) "
-                          f"is saved in {args.checkpoint}",)
+            error.args = (
+                f"{error.args[0]}; the last state every rank agreed on (step {error.history.steps}) "
+                f"is saved in {args.checkpoint}",
+            )
         raise
     except CheckpointWriteError as error:  # trained, not saved: report the results all the same
         state, history, unsaved = error.state, error.history, str(error)
     return Trained(state, history, time.perf_counter() - start, unsaved)
 
 
-__all__ = ["Trained", "Diverged", "train"]
+__all__ = ["Diverged", "Trained", "train"]

@@ -11,4 +11,4 @@ from .cache import cache_dir
 from .kernels import clear, counts, function_kernel, loop_kernel
 from .options import Compile
 
-__all__ = ["Compile", "cache_dir", "counts", "clear", "loop_kernel", "function_kernel"]
+__all__ = ["Compile", "cache_dir", "clear", "counts", "function_kernel", "loop_kernel"]

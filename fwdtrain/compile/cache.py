@@ -24,8 +24,9 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -51,12 +52,18 @@ def machine() -> str:
             flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
     except OSError:
         pass
-    return "|".join((platform.machine(), torch.backends.cpu.get_cpu_capability(),
-                     hashlib.sha256(flags.encode()).hexdigest()[:16]))
+    return "|".join(
+        (platform.machine(), torch.backends.cpu.get_cpu_capability(), hashlib.sha256(flags.encode()).hexdigest()[:16])
+    )
 
 
-def kernel_key(graph_code: str, constants: Iterable[tuple[str, torch.Tensor]], inputs: Iterable[torch.Tensor],
-               options: dict[str, Any], kind: str) -> str:
+def kernel_key(
+    graph_code: str,
+    constants: Iterable[tuple[str, torch.Tensor]],
+    inputs: Iterable[torch.Tensor],
+    options: dict[str, Any],
+    kind: str,
+) -> str:
     """SHA-256 (hex) of everything a compiled graph depends on (see the module docstring)."""
     digest = hashlib.sha256()
     digest.update(f"fwdtrain-kernel {FORMAT} {kind} torch {torch.__version__} {machine()}\n".encode())
@@ -118,5 +125,15 @@ def record_compile(seconds: float, nodes: int) -> None:
     write_stats({**stats, "compiles": entries})
 
 
-__all__ = ["CACHE_ENV", "FORMAT", "cache_dir", "machine", "kernel_key", "package_path", "writable_temporary",
-           "read_stats", "write_stats", "record_compile"]
+__all__ = [
+    "CACHE_ENV",
+    "FORMAT",
+    "cache_dir",
+    "kernel_key",
+    "machine",
+    "package_path",
+    "read_stats",
+    "record_compile",
+    "writable_temporary",
+    "write_stats",
+]

@@ -14,7 +14,8 @@ run of steps between two events, whatever its length.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -47,7 +48,9 @@ class Traced(NamedTuple):
         return sorted(named.items())
 
 
-def _zeros(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+def _zeros(
+    size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
     return torch.zeros(size, dtype=dtype, device=device)
 
 
@@ -59,7 +62,8 @@ _DECOMPOSITIONS = {torch.ops.aten._efficientzerotensor.default: _zeros}
 def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
     """``fn(*example)`` recorded as a flat ATen graph over the leaves of ``example`` (fake tensors: nothing is
     computed). Raises what ``make_fx`` raises for code that is not a pure tensor program (e.g. ``.item()``)."""
-    leaves, in_spec = optree.tree_flatten(example)
+    leaves: list[torch.Tensor]
+    leaves, in_spec = optree.tree_flatten(example)  # type: ignore[arg-type]
     out_spec: list[Any] = []
 
     def flat(*args: torch.Tensor) -> list[torch.Tensor]:
@@ -68,7 +72,9 @@ def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
         out_spec[:] = [spec]
         return out_leaves
 
-    graph = make_fx(flat, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*leaves)
+    graph = make_fx(flat, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(
+        *leaves
+    )
     return Traced(graph, in_spec, out_spec[0])
 
 
@@ -93,7 +99,7 @@ class Loop(torch.nn.Module):
     def forward(self, count: torch.Tensor, start: torch.Tensor, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torch._higher_order_ops.while_loop import while_loop
 
-        blocks, carry = leaves[:self.inputs], leaves[self.inputs:]
+        blocks, carry = leaves[: self.inputs], leaves[self.inputs :]
 
         def condition(i: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
             return i < count
@@ -107,4 +113,4 @@ class Loop(torch.nn.Module):
         return tuple(while_loop(condition, body, (zero, *carry))[1:])
 
 
-__all__ = ["Traced", "trace", "run_steps", "Loop", "StepFn"]
+__all__ = ["Loop", "StepFn", "Traced", "run_steps", "trace"]

@@ -35,7 +35,8 @@ import os
 import time
 import types
 import warnings
-from typing import Any, Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 import optree
 import torch
@@ -64,8 +65,10 @@ def clear() -> None:
 
 
 def _signature(tree: Any) -> tuple:
-    return tuple((tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else (type(t).__name__, t)
-                 for t in optree.tree_leaves(tree))
+    return tuple(
+        (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else (type(t).__name__, t)
+        for t in optree.tree_leaves(tree)
+    )
 
 
 def _cached(key: Hashable, build: Callable[[], Any]) -> Any:
@@ -79,6 +82,10 @@ def _cached(key: Hashable, build: Callable[[], Any]) -> Any:
     return kernel
 
 
+def _leaves(tree: Any) -> list[torch.Tensor]:
+    return optree.tree_leaves(tree)
+
+
 def _concrete(tree: Any) -> bool:
     return all(_checks.is_concrete(leaf) for leaf in optree.tree_leaves(tree))
 
@@ -87,20 +94,22 @@ def _concrete(tree: Any) -> bool:
 def _quiet_torch_logs() -> Iterator[None]:
     """Silence torch's loggers while compiling: a failed compile otherwise logs internal asserts first."""
     loggers = [logging.getLogger("torch")] + [
-        logger for name, logger in logging.root.manager.loggerDict.items()
-        if name.startswith("torch.") and isinstance(logger, logging.Logger)]
+        logger
+        for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger)
+    ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
 
 
 def root_cause(error: BaseException) -> str:
-    """"Type: first line" of the innermost cause (compilers wrap an error in their own)."""
+    """ "Type: first line" of the innermost cause (compilers wrap an error in their own)."""
     while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
         error = inner
     text = str(error).strip()
@@ -146,8 +155,9 @@ def _close(computed: Any, expected: Any) -> bool:
 class _Package:
     """A traced graph's AOTInductor package: ``warm`` when it is on disk; ``ready()`` loads or compiles it."""
 
-    def __init__(self, module: torch.nn.Module, example: list[torch.Tensor], key: str, options: dict[str, Any],
-                 nodes: int) -> None:
+    def __init__(
+        self, module: torch.nn.Module, example: list[torch.Tensor], key: str, options: dict[str, Any], nodes: int
+    ) -> None:
         self.module, self.example, self.options, self.nodes = module, example, options, nodes
         self.path = cache.package_path(key)
         self.device = next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
@@ -168,7 +178,7 @@ class _Package:
                 self.run = self._load()
                 self.loaded_from_disk = True
                 return self.run
-            except Exception as error:  # noqa: BLE001 - a corrupt or foreign package is rebuilt
+            except Exception as error:
                 _warn(f"the compiled kernel {self.path.name} could not be loaded ({root_cause(error)}); rebuilding it")
                 self.set_aside()
         self._build()
@@ -214,7 +224,7 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Packag
     input_leaves, _ = optree.tree_flatten(inputs)
     carry_leaves, carry_spec = optree.tree_flatten(carry)
     count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
-    example = [count, start, *input_leaves, *carry_leaves]                                  # would alias one
+    example = [count, start, *input_leaves, *carry_leaves]  # would alias one
     options = inductor_options(carry)
     key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, "loop")
     module = graphs.Loop(traced.graph, len(input_leaves))  # the traced step takes (carry leaves, input leaves)
@@ -238,7 +248,7 @@ class LoopKernel:
             try:
                 self.package, self.carry_spec = _loop_package(step, carry, inputs)
                 return
-            except Exception as error:  # noqa: BLE001 - any failure of this route falls back to the next
+            except Exception as error:
                 self._fall_back(error)
                 return
         self.compiled_step = _DynamoOrEager(step, options, what)
@@ -268,13 +278,17 @@ class LoopKernel:
         if self.package is not None:
             try:
                 run = self.package.ready()
-            except Exception as error:  # noqa: BLE001 - a compiler failure falls back to torch.compile
+            except Exception as error:
                 self._fall_back(error)
             else:
                 if not self.checked:
                     run = self._check(run, start, inputs, carry)
-                flat = [torch.tensor(count), torch.tensor(start), *optree.tree_leaves(inputs),
-                        *optree.tree_leaves(carry)]
+                flat = [
+                    torch.tensor(count),
+                    torch.tensor(start),
+                    *optree.tree_leaves(inputs),
+                    *optree.tree_leaves(carry),
+                ]
                 return optree.tree_unflatten(self.carry_spec, run(flat))
         return graphs.run_steps(self.compiled_step or self.step, count, start, inputs, carry)
 
@@ -288,8 +302,10 @@ class LoopKernel:
         expected = optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
         if _close(run(flat), expected):
             return run
-        _warn(f"the compiled kernel {self.package.path.name} on disk does not reproduce the eager step of "
-              f"{self.what}; rebuilding it")
+        _warn(
+            f"the compiled kernel {self.package.path.name} on disk does not reproduce the eager step of "
+            f"{self.what}; rebuilding it"
+        )
         self.package.set_aside()
         return self.package.ready()
 
@@ -306,13 +322,13 @@ class FunctionKernel:
             try:
                 traced = graphs.trace(fn, args)
                 _COUNTS["traces"] += 1
-                example = optree.tree_leaves(args)
+                example: list[torch.Tensor] = optree.tree_leaves(args)  # type: ignore[arg-type]
                 values = inductor_options(args)
                 key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
                 self.package = _Package(traced.graph, example, key, values, traced.nodes)
                 self.out_spec = traced.out_spec
                 return
-            except Exception as error:  # noqa: BLE001 - any failure of this route falls back to the next
+            except Exception as error:
                 self._fall_back(error)
                 return
         self.compiled = _DynamoOrEager(fn, options, what)
@@ -329,19 +345,21 @@ class FunctionKernel:
         if self.package is not None:
             try:
                 run = self.package.ready()
-            except Exception as error:  # noqa: BLE001 - a compiler failure falls back to torch.compile
+            except Exception as error:
                 self._fall_back(error)
             else:
-                out = optree.tree_unflatten(self.out_spec, run(optree.tree_leaves(args)))
+                out = optree.tree_unflatten(self.out_spec, run(_leaves(args)))
                 if self.checked:
                     return out
                 self.checked = True
                 if not self.package.loaded_from_disk or _close(out, self.fn(*args)):
                     return out
-                _warn(f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
-                      f"rebuilding it")
+                _warn(
+                    f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
+                    f"rebuilding it"
+                )
                 self.package.set_aside()
-                return optree.tree_unflatten(self.out_spec, self.package.ready()(optree.tree_leaves(args)))
+                return optree.tree_unflatten(self.out_spec, self.package.ready()(_leaves(args)))
         assert self.compiled is not None
         return self.compiled(*args)
 
@@ -363,13 +381,14 @@ class _DynamoOrEager:
         try:
             with _quiet_torch_logs():
                 extra = {"options": inductor_options(args)} if self.options.backend == "inductor" else {}
-                compiled = torch.compile(_own_code(self.fn), fullgraph=True, dynamic=False,
-                                         backend=self.options.backend, **extra)
+                compiled = torch.compile(  # type: ignore[call-overload]  # options: a plain dict
+                    _own_code(self.fn), fullgraph=True, dynamic=False, backend=self.options.backend, **extra
+                )
                 result = compiled(*args)
             _COUNTS["compiles"] += 1
             self.compiled = compiled
             return result
-        except Exception as error:  # noqa: BLE001 - any compiler failure falls back; eager re-raises user errors
+        except Exception as error:
             from torch._dynamo.exc import RecompileError
 
             if isinstance(error, RecompileError):
@@ -381,8 +400,9 @@ class _DynamoOrEager:
             return result
 
 
-def loop_kernel(step: graphs.StepFn, carry: Any, inputs: Any, *, key: Hashable, options: Compile,
-                what: str = "the step") -> LoopKernel:
+def loop_kernel(
+    step: graphs.StepFn, carry: Any, inputs: Any, *, key: Hashable, options: Compile, what: str = "the step"
+) -> LoopKernel:
     """The compiled loop of ``step`` for carries and input blocks shaped like these, built once per process
     (``key``: what the step depends on besides its inputs: the problem, dt, plan, solver, optimizer)."""
     _compat.use_cache_folders(cache.cache_dir())
@@ -390,13 +410,23 @@ def loop_kernel(step: graphs.StepFn, carry: Any, inputs: Any, *, key: Hashable, 
     return _cached(signature, lambda: LoopKernel(step, carry, inputs, options, what))
 
 
-def function_kernel(fn: Callable[..., Any], args: tuple, *, key: Hashable, options: Compile,
-                    what: str = "the step") -> FunctionKernel:
+def function_kernel(
+    fn: Callable[..., Any], args: tuple, *, key: Hashable, options: Compile, what: str = "the step"
+) -> FunctionKernel:
     """``fn`` compiled for arguments shaped like ``args``, built once per process (``key`` as for ``loop_kernel``)."""
     _compat.use_cache_folders(cache.cache_dir())
     signature = ("function", key, options, _signature(args))
     return _cached(signature, lambda: FunctionKernel(fn, args, options, what))
 
 
-__all__ = ["counts", "clear", "loop_kernel", "function_kernel", "LoopKernel", "FunctionKernel", "inductor_options",
-           "root_cause", "SINGLE_THREAD_BELOW"]
+__all__ = [
+    "SINGLE_THREAD_BELOW",
+    "FunctionKernel",
+    "LoopKernel",
+    "clear",
+    "counts",
+    "function_kernel",
+    "inductor_options",
+    "loop_kernel",
+    "root_cause",
+]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple
 
 from ..core import _checks
 
@@ -27,7 +27,7 @@ class Compile(NamedTuple):
         verify: check a kernel loaded from disk against the eager step on its first call (one eager step).
     """
 
-    enabled: Union[bool, Literal["auto"]] = "auto"
+    enabled: bool | Literal["auto"] = "auto"
     route: Literal["aot", "dynamo"] = "aot"
     backend: str = "inductor"
     chunk: int = 1024
@@ -43,9 +43,9 @@ def as_compile(value: Any) -> Compile:
     elif isinstance(value, str):  # a torch.compile backend name, as 0.2's run(compile="eager") took it
         options = Compile(enabled=True, route="dynamo", backend=value)
     else:
-        raise TypeError(f"compile must be True, False, \"auto\" or a fwdtrain.Compile(...), got {value!r}")
+        raise TypeError(f'compile must be True, False, "auto" or a fwdtrain.Compile(...), got {value!r}')
     if not (options.enabled is True or options.enabled is False or options.enabled == "auto"):
-        raise ValueError(f"Compile(enabled=...) must be True, False or \"auto\", got {options.enabled!r}")
+        raise ValueError(f'Compile(enabled=...) must be True, False or "auto", got {options.enabled!r}')
     if options.route not in ROUTES:
         raise ValueError(f"Compile(route=...) must be one of {ROUTES}, got {options.route!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
@@ -54,9 +54,11 @@ def as_compile(value: Any) -> Compile:
 
         known = torch._dynamo.list_backends(exclude_tags=())
         if options.backend not in known:
-            raise ValueError(f"unknown torch.compile backend {options.backend!r}: compile takes True, False, \"auto\", "
-                             f"a fwdtrain.Compile(...) or a torch.compile backend name, one of {sorted(known)}")
+            raise ValueError(
+                f'unknown torch.compile backend {options.backend!r}: compile takes True, False, "auto", '
+                f"a fwdtrain.Compile(...) or a torch.compile backend name, one of {sorted(known)}"
+            )
     return options
 
 
-__all__ = ["Compile", "as_compile", "ROUTES"]
+__all__ = ["ROUTES", "Compile", "as_compile"]

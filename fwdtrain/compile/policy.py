@@ -72,5 +72,15 @@ def record_speedup(eager_step_s: float, compiled_step_s: float) -> None:
     cache.write_stats({**stats, "speedups": ratios})
 
 
-__all__ = ["Decision", "decide", "worth_tracing", "seconds_per_node", "speedup", "record_speedup", "TRACE_SECONDS",
-           "ASSUMED_SECONDS_PER_NODE", "ASSUMED_SPEEDUP", "EAGER_PROBE_STEPS"]
+__all__ = [
+    "ASSUMED_SECONDS_PER_NODE",
+    "ASSUMED_SPEEDUP",
+    "EAGER_PROBE_STEPS",
+    "TRACE_SECONDS",
+    "Decision",
+    "decide",
+    "record_speedup",
+    "seconds_per_node",
+    "speedup",
+    "worth_tracing",
+]

@@ -45,14 +45,15 @@ def check_dtype(dtype: torch.dtype, name: str, allow_low_precision: bool = False
     """float32 or float64; bfloat16/float16 only with the explicit opt-in ``allow_low_precision=True``."""
     if dtype in SUPPORTED_DTYPES or (allow_low_precision and dtype.is_floating_point):
         return
-    raise TypeError(f"{name} has dtype {dtype}; fwdtrain trains in float32 or float64 (in {dtype} an update "
-                    f"alpha h G smaller than the spacing of theta is rounded away and training stalls "
-                    f"silently). Cast with .float() or .double(), or pass allow_low_precision=True to "
-                    f"opt in to {dtype} knowingly")
+    raise TypeError(
+        f"{name} has dtype {dtype}; fwdtrain trains in float32 or float64 (in {dtype} an update "
+        f"alpha h G smaller than the spacing of theta is rounded away and training stalls "
+        f"silently). Cast with .float() or .double(), or pass allow_low_precision=True to "
+        f"opt in to {dtype} knowingly"
+    )
 
 
-def check_theta(theta: Any, name: str = "theta", allow_low_precision: bool = False
-                ) -> tuple[torch.dtype, torch.device]:
+def check_theta(theta: Any, name: str = "theta", allow_low_precision: bool = False) -> tuple[torch.dtype, torch.device]:
     """Every leaf a floating tensor (float32/float64 unless ``allow_low_precision``), one dtype and device;
     concrete leaves also finite and without ``requires_grad``."""
     pairs = leaves_with_paths(theta)
@@ -63,8 +64,10 @@ def check_theta(theta: Any, name: str = "theta", allow_low_precision: bool = Fal
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(f"{name}{path} is a {type(leaf).__name__}; every leaf of {name} must be a torch.Tensor")
         if not leaf.is_floating_point():
-            raise TypeError(f"{name}{path} has dtype {leaf.dtype}; parameters must be floating tensors "
-                            f"(float32 or float64), e.g. tensor.double()")
+            raise TypeError(
+                f"{name}{path} has dtype {leaf.dtype}; parameters must be floating tensors "
+                f"(float32 or float64), e.g. tensor.double()"
+            )
         check_dtype(leaf.dtype, f"{name}{path}", allow_low_precision)
         if is_concrete(leaf):
             _check_values(leaf, f"{name}{path}")
@@ -80,10 +83,12 @@ def check_theta(theta: Any, name: str = "theta", allow_low_precision: bool = Fal
 def _check_values(leaf: torch.Tensor, name: str) -> None:
     """A concrete tensor: no ``requires_grad``, every entry finite."""
     if leaf.requires_grad:
-        raise ValueError(f"{name} requires grad; fwdtrain derives every derivative with torch.func and needs "
-                         f"plain tensors: pass {name}.detach() (fwdtrain.functional(module) does this for a "
-                         f"module). To differentiate through fwdtrain use torch.func.grad/jacfwd/jacrev/vjp/jvp, "
-                         f"not torch.autograd")
+        raise ValueError(
+            f"{name} requires grad; fwdtrain derives every derivative with torch.func and needs "
+            f"plain tensors: pass {name}.detach() (fwdtrain.functional(module) does this for a "
+            f"module). To differentiate through fwdtrain use torch.func.grad/jacfwd/jacrev/vjp/jvp, "
+            f"not torch.autograd"
+        )
     if not bool(torch.isfinite(leaf).all()):
         raise ValueError(f"{name} contains NaN or inf")
 
@@ -123,9 +128,14 @@ def check_lr(lr: Any) -> None:
         return
     if isinstance(lr, torch.Tensor):
         if lr.ndim != 0:
-            raise ValueError(f"lr must be a number, a 0-d tensor or a schedule t -> lr, got shape {tuple(lr.shape)}"
-                             + (" (under vmap, lr is one run's learning rate: batch the runs with vmap's in_dims, "
-                                "not inside lr)" if transform_of(lr) == "vmap" else ""))
+            raise ValueError(
+                f"lr must be a number, a 0-d tensor or a schedule t -> lr, got shape {tuple(lr.shape)}"
+                + (
+                    " (under vmap, lr is one run's learning rate: batch the runs with vmap's in_dims, not inside lr)"
+                    if transform_of(lr) == "vmap"
+                    else ""
+                )
+            )
         if not lr.is_floating_point():
             raise TypeError(f"lr must be a floating tensor, got dtype {lr.dtype}; e.g. torch.tensor(0.1)")
         if not is_concrete(lr):
@@ -144,21 +154,26 @@ def check_alpha(alpha: Any, t: Any, lr: Any) -> None:
     at = f"t = {float(t):.6g}" if is_concrete(t) else "t"
     if isinstance(alpha, torch.Tensor):
         if alpha.ndim != 0 or not alpha.is_floating_point():
-            raise ValueError(f"{source} returned a {alpha.dtype} tensor of shape {tuple(alpha.shape)} at {at}; "
-                             f"a learning rate must be one floating number (a 0-d tensor), not per-parameter")
+            raise ValueError(
+                f"{source} returned a {alpha.dtype} tensor of shape {tuple(alpha.shape)} at {at}; "
+                f"a learning rate must be one floating number (a 0-d tensor), not per-parameter"
+            )
         if not is_concrete(alpha):
             return
         value = alpha.item()
     elif isinstance(alpha, Real) and not isinstance(alpha, bool):
         value = float(alpha)
     else:
-        raise TypeError(f"{source} returned {type(alpha).__name__} ({alpha!r:.50}) at {at}; a learning rate "
-                        f"must be a number or a 0-d floating tensor")
+        raise TypeError(
+            f"{source} returned {type(alpha).__name__} ({alpha!r:.50}) at {at}; a learning rate "
+            f"must be a number or a 0-d floating tensor"
+        )
     if not math.isfinite(value):
         raise ValueError(f"{source} returned {value} at {at}; a learning rate must be finite")
     if value < 0:
-        raise ValueError(f"{source} returned {value} at {at}; a learning rate must be >= 0 "
-                         f"(a negative one runs gradient ascent)")
+        raise ValueError(
+            f"{source} returned {value} at {at}; a learning rate must be >= 0 (a negative one runs gradient ascent)"
+        )
 
 
 def _describe(fn: Any) -> str:
@@ -173,9 +188,22 @@ def check_count(value: Any, name: str, minimum: int = 1) -> int:
 
 def check_same_structure(tree: Any, reference: Any, name: str, reference_name: str) -> None:
     if optree.tree_structure(tree) != optree.tree_structure(reference):
-        raise ValueError(f"{name} does not have the structure of {reference_name}: "
-                         f"{optree.tree_structure(tree)} vs {optree.tree_structure(reference)}")
+        raise ValueError(
+            f"{name} does not have the structure of {reference_name}: "
+            f"{optree.tree_structure(tree)} vs {optree.tree_structure(reference)}"
+        )
 
 
-__all__ = ["SUPPORTED_DTYPES", "is_concrete", "transform_of", "check_dtype", "check_theta", "check_tensor",
-           "check_dt", "check_lr", "check_alpha", "check_count", "check_same_structure"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "check_alpha",
+    "check_count",
+    "check_dt",
+    "check_dtype",
+    "check_lr",
+    "check_same_structure",
+    "check_tensor",
+    "check_theta",
+    "is_concrete",
+    "transform_of",
+]

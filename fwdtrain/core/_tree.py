@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optree
 import torch
@@ -22,7 +23,9 @@ def leaves(tree: PyTree) -> list[Any]:
 def leaves_with_paths(tree: PyTree) -> list[tuple[str, Any]]:
     """(readable path, leaf) pairs, e.g. ``("['0.weight']", tensor)``."""
     paths, values, _ = optree.tree_flatten_with_path(tree)
-    return [("".join(f"[{key!r}]" for key in path) or "<root>", value) for path, value in zip(paths, values)]
+    return [
+        ("".join(f"[{key!r}]" for key in path) or "<root>", value) for path, value in zip(paths, values, strict=True)
+    ]
 
 
 def size(tree: PyTree) -> int:
@@ -32,10 +35,7 @@ def size(tree: PyTree) -> int:
 
 def contract(x_tilde: PyTree, direction: PyTree) -> torch.Tensor:
     """Xtilde . v = sum over leaves of tensordot(Xtilde_leaf (d, *s), v_leaf (*s)) -> (d,)."""
-    terms = [
-        torch.tensordot(xt, v, dims=v.ndim)
-        for xt, v in zip(leaves(x_tilde), leaves(direction), strict=True)
-    ]
+    terms = [torch.tensordot(xt, v, dims=v.ndim) for xt, v in zip(leaves(x_tilde), leaves(direction), strict=True)]
     return sum(terms[1:], terms[0])
 
 

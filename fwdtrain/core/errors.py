@@ -17,8 +17,9 @@ class DivergenceError(RuntimeError):
         culprit: What became non-finite first, when it could be found (e.g. ``"the drift"``), else None.
     """
 
-    def __init__(self, message: str, *, step: int, last_finite_step: int, state: Any, history: Any,
-                 culprit: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, step: int, last_finite_step: int, state: Any, history: Any, culprit: str | None = None
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.last_finite_step = last_finite_step
@@ -47,4 +48,4 @@ class CheckpointWriteError(CheckpointError):
         self.history = history
 
 
-__all__ = ["DivergenceError", "CheckpointError", "CheckpointWriteError"]
+__all__ = ["CheckpointError", "CheckpointWriteError", "DivergenceError"]

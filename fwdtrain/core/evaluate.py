@@ -10,7 +10,8 @@ for reports (its own noise, floats out, compiled when long).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,15 +26,23 @@ def particle_terms(sde: SDE, theta: Theta) -> Callable[[torch.Tensor, tuple[str,
     return lambda x, names: evaluate_particles(lambda xi: sde.terms(theta, xi, names), x)
 
 
-def frozen_step(sde: SDE, theta: Theta, x: torch.Tensor, dw: torch.Tensor, dt: Any, solver: Solver
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def frozen_step(
+    sde: SDE, theta: Theta, x: torch.Tensor, dw: torch.Tensor, dt: Any, solver: Solver
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(X_{n+1}, c(X_n) per particle) with theta frozen: one step of ``solver`` without the sensitivity."""
     new_x, value = solver.step_frozen(particle_terms(sde, theta), x, dw, dt)
     return new_x, value["cost"]
 
 
-def average_cost(sde: SDE, theta: Theta, x0: torch.Tensor, dw: torch.Tensor, dt: Any, burn_in: int = 0,
-                 solver: Solver | str | None = None) -> torch.Tensor:
+def average_cost(
+    sde: SDE,
+    theta: Theta,
+    x0: torch.Tensor,
+    dw: torch.Tensor,
+    dt: Any,
+    burn_in: int = 0,
+    solver: Solver | str | None = None,
+) -> torch.Tensor:
     """Per-particle time averages (1 / (K - burn_in)) sum_{burn_in <= n < K} c(X_n^i, theta), shape (N,).
 
     X_0^i = x0 (d,), X_{n+1} from X_n by ``solver`` (default ``Euler()``) with dw (K, N, m) the increments,
@@ -45,8 +54,10 @@ def average_cost(sde: SDE, theta: Theta, x0: torch.Tensor, dw: torch.Tensor, dt:
     x0 = _checks.check_tensor(x0, "x0", dtype, device)
     dw = _checks.check_tensor(dw, "dw", dtype, device)
     if x0.ndim != 1 or dw.ndim != 3:
-        raise ValueError(f"average_cost needs x0 of shape (d,) and dw of shape (steps, particles, m), "
-                         f"got {tuple(x0.shape)} and {tuple(dw.shape)}")
+        raise ValueError(
+            f"average_cost needs x0 of shape (d,) and dw of shape (steps, particles, m), "
+            f"got {tuple(x0.shape)} and {tuple(dw.shape)}"
+        )
     steps = dw.shape[0]
     if isinstance(burn_in, bool) or not isinstance(burn_in, int) or not 0 <= burn_in < steps:
         raise ValueError(f"need an integer 0 <= burn_in < steps = {steps}, got burn_in={burn_in!r}")

@@ -14,7 +14,8 @@ builds its history here.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -77,10 +78,17 @@ class History(NamedTuple):
     def numpy(self) -> dict[str, Any]:
         """The records as numpy arrays: {"step", "t", "cost", "grad_norm", "theta", "average_cost"} (and
         "theta_average" when recorded)."""
+
         def as_array(x):
             return x.detach().cpu().numpy()
-        out = {"step": as_array(self.step), "t": as_array(self.t), "cost": as_array(self.cost),
-               "grad_norm": as_array(self.grad_norm), "theta": tree_map(as_array, self.theta)}
+
+        out = {
+            "step": as_array(self.step),
+            "t": as_array(self.t),
+            "cost": as_array(self.cost),
+            "grad_norm": as_array(self.grad_norm),
+            "theta": tree_map(as_array, self.theta),
+        }
         if self.average_cost is not None:
             out["average_cost"] = as_array(self.average_cost)
         if self.theta_average is not None:
@@ -110,17 +118,26 @@ def empty_records(example: Any) -> Any:
     return tree_map(lambda leaf: torch.as_tensor(leaf)[None][:0], example)
 
 
-def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = None, interrupted: bool = False,
-          dtype: torch.dtype, device: torch.device | None = None, previous: History | None = None,
-          diverged: torch.Tensor | None = None, frozen_at: torch.Tensor | None = None,
-          empty_average: Any = None) -> History:
+def build(
+    records: Sequence[Record],
+    empty_theta: Any,
+    *,
+    carry: dict | None = None,
+    interrupted: bool = False,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+    previous: History | None = None,
+    diverged: torch.Tensor | None = None,
+    frozen_at: torch.Tensor | None = None,
+    empty_average: Any = None,
+) -> History:
     """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced).
 
     ``empty_average``: the empty ``theta_average`` for no records (None: the records hold no average)."""
     theta_average = empty_average
     if records:
         step = torch.tensor([r.step for r in records], dtype=torch.long)
-        t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))
+        t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))  # type: ignore[misc]
         theta = _stack([r.theta for r in records])
         if all(r.theta_average is not None for r in records):
             theta_average = _stack([r.theta_average for r in records])
@@ -129,10 +146,13 @@ def build(records: Sequence[Record], empty_theta: Any, *, carry: dict | None = N
         t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
         average = torch.zeros(0, dtype=torch.float64, device=device)
         theta = empty_theta
-    new = History(step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at,
-                  theta_average)
+    new = History(
+        step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at, theta_average
+    )
     if previous is not None and len(previous.step):
-        return concatenate([previous, new])
+        joined = concatenate([previous, new])
+        assert joined is not None
+        return joined
     return new
 
 
@@ -144,22 +164,26 @@ def concatenate(pieces: Sequence[History]) -> History | None:
     last = pieces[-1]
     kept = [piece for piece in pieces if len(piece.step)] or [last]
     if len(kept) == 1:
-        return kept[0]._replace(carry=last.carry, interrupted=last.interrupted, diverged=last.diverged,
-                                frozen_at=last.frozen_at)
+        return kept[0]._replace(
+            carry=last.carry, interrupted=last.interrupted, diverged=last.diverged, frozen_at=last.frozen_at
+        )
     averaged = all(p.theta_average is not None for p in kept)  # else a piece recorded none: dropped
-    return last._replace(**{name: torch.cat([getattr(p, name) for p in kept]) for name in FIELDS},
-                         theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]),
-                         theta_average=tree_map(lambda *xs: torch.cat(xs), *[p.theta_average for p in kept])
-                         if averaged else None)
+    return last._replace(
+        **{name: torch.cat([getattr(p, name) for p in kept]) for name in FIELDS},  # type: ignore[arg-type]
+        theta=tree_map(lambda *xs: torch.cat(xs), *[p.theta for p in kept]),
+        theta_average=tree_map(lambda *xs: torch.cat(xs), *[p.theta_average for p in kept]) if averaged else None,
+    )
 
 
 def records(history: History, start: int | None = None, stop: int | None = None) -> History:
     """Records start:stop of ``history`` (as a Python slice; the carry and flag kept)."""
     cut = slice(start, stop)
     average = history.theta_average
-    return history._replace(**{name: getattr(history, name)[cut] for name in FIELDS},
-                            theta=tree_map(lambda leaf: leaf[cut], history.theta),
-                            theta_average=None if average is None else tree_map(lambda leaf: leaf[cut], average))
+    return history._replace(
+        **{name: getattr(history, name)[cut] for name in FIELDS},
+        theta=tree_map(lambda leaf: leaf[cut], history.theta),
+        theta_average=None if average is None else tree_map(lambda leaf: leaf[cut], average),
+    )
 
 
-__all__ = ["History", "Record", "FIELDS", "build", "concatenate", "records", "empty_records"]
+__all__ = ["FIELDS", "History", "Record", "build", "concatenate", "empty_records", "records"]

@@ -14,7 +14,8 @@ between them: ``propagate`` (X, Xtilde to n + 1, and G_n) and ``update_parameter
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,10 +23,10 @@ from ..optim import Average, GradientTransformation, apply_updates, average_upda
 from ._tree import tree_map
 from .problem import SDE
 from .sensitivity import Plan, Terms, over_particles
-from .solvers import Euler, Solver
+from .solvers import EULER, Solver
 from .state import State
 
-LearningRate = Union[float, torch.Tensor, Callable[[torch.Tensor], Any]]
+LearningRate = float | torch.Tensor | Callable[[torch.Tensor], Any]
 GradientReduce = Callable[[Any], Any]
 
 
@@ -56,8 +57,9 @@ def average_step(average: Any, theta: Any, t: Any) -> Any:
     return average_update(average, theta, t)
 
 
-def update_parameters(state: State, gradient: Any, alpha: Any, dt: Any,
-                      optimizer: GradientTransformation | None = None) -> State:
+def update_parameters(
+    state: State, gradient: Any, alpha: Any, dt: Any, optimizer: GradientTransformation | None = None
+) -> State:
     """theta, opt_state, t and average at n + 1 (x and x_tilde untouched), from G_n = ``gradient``:
 
         optimizer None:  theta_{n+1} = theta_n - alpha h G_n                   (``descend``)
@@ -75,11 +77,14 @@ def update_parameters(state: State, gradient: Any, alpha: Any, dt: Any,
     return state._replace(theta=theta, opt_state=opt_state, t=t, average=average_step(state.average, theta, t))
 
 
-def particle_linearisation(sde: SDE, theta: Any, plan: Plan) -> Callable[[torch.Tensor, Any, tuple[str, ...]],
-                                                                           tuple[Terms, Terms]]:
+def particle_linearisation(
+    sde: SDE, theta: Any, plan: Plan
+) -> Callable[[torch.Tensor, Any, tuple[str, ...]], tuple[Terms, Terms]]:
     """``linearise(x (N, d), x_tilde, names) -> (values, totals)`` of ``sde`` at theta for N particles."""
+
     def linearise(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
         return over_particles(lambda xi, xti: sde.linearise_terms(theta, xi, xti, plan, names), x, x_tilde)
+
     return linearise
 
 
@@ -87,12 +92,14 @@ def check_increments(dw: torch.Tensor, sigma: torch.Tensor, particles: int) -> N
     """Raise unless dw (N, m) fits the particles' diffusion sigma (N, d) (diagonal: m = d) or (N, d, m)."""
     expected_m = sigma.shape[1] if sigma.ndim == 2 else sigma.shape[-1]
     if dw.shape[1] != expected_m:
-        raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({particles}, {expected_m}) "
-                         f"Brownian increments")
+        raise ValueError(
+            f"dw has shape {tuple(dw.shape)} but the diffusion needs ({particles}, {expected_m}) Brownian increments"
+        )
 
 
-def propagate(sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, solver: Solver = Euler()
-              ) -> tuple[State, StepInfo]:
+def propagate(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, solver: Solver = EULER
+) -> tuple[State, StepInfo]:
     """(the state with X and Xtilde at n + 1, StepInfo(mean_i c(X_n^i), G_n)); theta and t untouched."""
     linearise = particle_linearisation(sde, state.theta, plan)
 
@@ -106,9 +113,18 @@ def propagate(sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, sol
     return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(moved.value["cost"].mean(), gradient)
 
 
-def advance(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Plan, *,
-            solver: Solver = Euler(), optimizer: GradientTransformation | None = None,
-            reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+def advance(
+    sde: SDE,
+    state: State,
+    dw: torch.Tensor,
+    dt: Any,
+    alpha: Any,
+    plan: Plan,
+    *,
+    solver: Solver = EULER,
+    optimizer: GradientTransformation | None = None,
+    reduce: GradientReduce | None = None,
+) -> tuple[State, StepInfo]:
     """The cost-form step without input checks: (state_{n+1}, diagnostics at time n).
 
     ``reduce`` maps the particle-mean gradient pytree to the one used for the update (e.g. an
@@ -121,5 +137,16 @@ def advance(sde: SDE, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan:
     return update_parameters(moved, gradient, alpha, dt, optimizer), StepInfo(info.cost, gradient)
 
 
-__all__ = ["StepInfo", "LearningRate", "GradientReduce", "learning_rate", "descend", "average_step",
-           "update_parameters", "particle_linearisation", "check_increments", "propagate", "advance"]
+__all__ = [
+    "GradientReduce",
+    "LearningRate",
+    "StepInfo",
+    "advance",
+    "average_step",
+    "check_increments",
+    "descend",
+    "learning_rate",
+    "particle_linearisation",
+    "propagate",
+    "update_parameters",
+]

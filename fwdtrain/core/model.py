@@ -6,9 +6,11 @@ A model is a pair ``(apply, theta)``: ``apply(theta, x)`` is a pure function and
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable, Sequence
 from numbers import Integral
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from torch.func import functional_call
@@ -73,8 +75,9 @@ def mlp(
     """
     sizes = list(sizes)
     if len(sizes) < 2 or not all(isinstance(s, Integral) and not isinstance(s, bool) and s >= 1 for s in sizes):
-        raise ValueError(f"mlp(sizes) needs at least two positive integer layer widths, got {sizes}; "
-                         f"e.g. mlp([d, 16, d])")
+        raise ValueError(
+            f"mlp(sizes) needs at least two positive integer layer widths, got {sizes}; e.g. mlp([d, 16, d])"
+        )
     sizes = [int(s) for s in sizes]
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"mlp(dtype=...) must be a floating dtype (torch.float32 or torch.float64), got {dtype}")
@@ -84,7 +87,7 @@ def mlp(
     layers = len(sizes) - 1
     generator = torch.Generator().manual_seed(seed)
     theta: Params = {}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         bound = 1.0 / math.sqrt(fan_in)
         scale = output_scale if i == layers - 1 else 1.0
         weight = (torch.rand(fan_out, fan_in, generator=generator, dtype=torch.float64) * 2 - 1) * bound * scale

@@ -15,7 +15,8 @@ and restored by ``BrownianNoise.from_state_dict``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,8 +34,16 @@ class BrownianNoise:
 
     kind = "brownian"
 
-    def __init__(self, shape: tuple[int, int], dt: float, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", block: int = BLOCK) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dt: float,
+        *,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        block: int = BLOCK,
+    ) -> None:
         if len(shape) != 2:
             raise ValueError(f"shape must be (particles, m), got {tuple(shape)}")
         _checks.check_count(shape[0], "shape[0] (particles)")
@@ -74,7 +83,7 @@ class BrownianNoise:
             if self._buffer is None or index >= self._drawn:
                 self._buffer = self._next_block()
             take = min(count, self.block - offset)
-            pieces.append(self._buffer[offset:offset + take])
+            pieces.append(self._buffer[offset : offset + take])
             self.position += take
             count -= take
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
@@ -94,17 +103,29 @@ class BrownianNoise:
         elif index == self._drawn and offset == 0:
             state = self._generator.get_state()
         else:
-            raise ValueError(f"the noise position {position} is outside the latest draw "
-                             f"(steps up to {self.position} are known)")
+            raise ValueError(
+                f"the noise position {position} is outside the latest draw (steps up to {self.position} are known)"
+            )
+
         def integer(value):
             return torch.tensor(value, dtype=torch.int64)
-        return {self.kind: {"generator": state.clone(), "position": integer(position), "offset": integer(offset),
-                            "seed": integer(self.seed), "block": integer(self.block),
-                            "shape": integer(list(self.shape)), "dt": torch.tensor(self.dt, dtype=torch.float64)}}
+
+        return {
+            self.kind: {
+                "generator": state.clone(),
+                "position": integer(position),
+                "offset": integer(offset),
+                "seed": integer(self.seed),
+                "block": integer(self.block),
+                "shape": integer(list(self.shape)),
+                "dt": torch.tensor(self.dt, dtype=torch.float64),
+            }
+        }
 
     @classmethod
-    def from_state_dict(cls, data: dict[str, Any], dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> "BrownianNoise":
+    def from_state_dict(
+        cls, data: dict[str, Any], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> BrownianNoise:
         """Rebuild a source at the saved position; the stream continues bitwise as it would have.
 
         ``dtype`` and ``device`` are those of the run (the saved state does not repeat them).
@@ -112,8 +133,14 @@ class BrownianNoise:
         if not isinstance(data, dict) or cls.kind not in data:
             raise ValueError(f"not a BrownianNoise state (expected a dict with key {cls.kind!r}): {data!r:.200}")
         saved = data[cls.kind]
-        source = cls(tuple(int(n) for n in saved["shape"]), float(saved["dt"]), seed=int(saved["seed"]),
-                     dtype=dtype, device=device, block=int(saved["block"]))
+        source = cls(
+            tuple(int(n) for n in saved["shape"]),
+            float(saved["dt"]),
+            seed=int(saved["seed"]),
+            dtype=dtype,
+            device=device,
+            block=int(saved["block"]),
+        )
         source._generator.set_state(saved["generator"])
         index = int(saved["position"]) // source.block
         source._drawn = index
@@ -122,18 +149,20 @@ class BrownianNoise:
             source.draw(int(saved["offset"]))
         return source
 
-    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "BrownianNoise":
+    def expect(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> BrownianNoise:
         """Check that the increments are (N, m) = ``shape`` of ``dtype`` on ``device`` (a run's); return self."""
         _check_fits(f"the noise source {self!r}", (-1, *self.shape), self.dtype, self.device, shape, dtype, device)
         return self
 
-    def copy(self) -> "BrownianNoise":
+    def copy(self) -> BrownianNoise:
         """An independent source at the same position."""
         return BrownianNoise.from_state_dict(self.state_dict(), self.dtype, self.device)
 
     def __repr__(self) -> str:
-        return (f"BrownianNoise(shape={self.shape}, dt={self.dt}, seed={self.seed}, dtype={self.dtype}, "
-                f"block={self.block}, position={self.position})")
+        return (
+            f"BrownianNoise(shape={self.shape}, dt={self.dt}, seed={self.seed}, dtype={self.dtype}, "
+            f"block={self.block}, position={self.position})"
+        )
 
 
 class TensorNoise:
@@ -144,18 +173,22 @@ class TensorNoise:
 
     def __init__(self, increments: torch.Tensor, position: int = 0) -> None:
         if not isinstance(increments, torch.Tensor) or increments.ndim < 3:  # an ensemble's: (steps, E, N, m)
-            raise ValueError(f"noise must be a (steps, particles, m) tensor of increments, got "
-                             f"{getattr(increments, 'shape', type(increments).__name__)}")
+            raise ValueError(
+                f"noise must be a (steps, particles, m) tensor of increments, got "
+                f"{getattr(increments, 'shape', type(increments).__name__)}"
+            )
         if not increments.is_floating_point():
-            raise TypeError(f"the noise tensor has dtype {increments.dtype}; increments must be floating, of the "
-                            f"run's dtype (e.g. increments.to(torch.float32))")
+            raise TypeError(
+                f"the noise tensor has dtype {increments.dtype}; increments must be floating, of the "
+                f"run's dtype (e.g. increments.to(torch.float32))"
+            )
         self.increments = increments
         self.shape = tuple(increments.shape[1:])
         self.dtype = increments.dtype
         self.device = increments.device
         self.position = position
 
-    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "TensorNoise":
+    def expect(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> TensorNoise:
         """Check that the increments are (N, m) = ``shape`` of ``dtype`` on ``device`` (a run's); return self."""
         _check_fits("the noise tensor", tuple(self.increments.shape), self.dtype, self.device, shape, dtype, device)
         return self
@@ -163,9 +196,11 @@ class TensorNoise:
     def draw(self, count: int) -> torch.Tensor:
         end = self.position + count
         if end > self.increments.shape[0]:
-            raise ValueError(f"the noise tensor has {self.increments.shape[0]} steps but step {end - 1} was "
-                             f"requested; supply one row per step of the whole training run")
-        out = self.increments[self.position:end]
+            raise ValueError(
+                f"the noise tensor has {self.increments.shape[0]} steps but step {end - 1} was "
+                f"requested; supply one row per step of the whole training run"
+            )
+        out = self.increments[self.position : end]
         self.position = end
         return out
 
@@ -173,7 +208,7 @@ class TensorNoise:
         position = self.position if position is None else position
         return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
 
-    def copy(self) -> "TensorNoise":
+    def copy(self) -> TensorNoise:
         return TensorNoise(self.increments, self.position)
 
 
@@ -193,11 +228,11 @@ class FunctionNoise:
             raise TypeError(f"noise function must be callable, got {type(fn).__name__}")
         self.fn = fn
         self.position = position
-        self.shape: tuple[int, int] | None = None
+        self.shape: tuple[int, ...] | None = None
         self.dtype: torch.dtype | None = None
         self.device: torch.device | None = None
 
-    def expect(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device | str) -> "FunctionNoise":
+    def expect(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> FunctionNoise:
         """Check every later draw against (N, m) = ``shape``, ``dtype`` and ``device`` (a run's); return self."""
         self.shape, self.dtype, self.device = (int(shape[0]), int(shape[1])), dtype, torch.device(device)
         return self
@@ -207,15 +242,21 @@ class FunctionNoise:
         out = self.fn(start, count)
         steps = f"steps {start} to {start + count - 1} (fn(start={start}, count={count}))"
         if not isinstance(out, torch.Tensor) or out.ndim != 3 or out.shape[0] != count:
-            raise ValueError(f"noise function returned {getattr(out, 'shape', type(out).__name__)} for {steps}; "
-                             f"it must return ({count}, particles, m)")
+            raise ValueError(
+                f"noise function returned {getattr(out, 'shape', type(out).__name__)} for {steps}; "
+                f"it must return ({count}, particles, m)"
+            )
         if not out.is_floating_point():
-            raise TypeError(f"noise function returned dtype {out.dtype} for {steps}; increments must be floating, "
-                            f"of the run's dtype")
+            raise TypeError(
+                f"noise function returned dtype {out.dtype} for {steps}; increments must be floating, "
+                f"of the run's dtype"
+            )
         if self.shape is None:  # no expectation yet: later draws must match this one
             self.shape, self.dtype, self.device = tuple(out.shape[1:]), out.dtype, out.device
-        _check_fits(f"noise function for {steps}", tuple(out.shape), out.dtype, out.device,
-                    self.shape, self.dtype, self.device)
+        assert self.shape is not None and self.dtype is not None and self.device is not None
+        _check_fits(
+            f"noise function for {steps}", tuple(out.shape), out.dtype, out.device, self.shape, self.dtype, self.device
+        )
         self.position += count
         return out
 
@@ -223,32 +264,44 @@ class FunctionNoise:
         position = self.position if position is None else position
         return {self.kind: {"position": torch.tensor(position, dtype=torch.int64)}}
 
-    def copy(self) -> "FunctionNoise":
+    def copy(self) -> FunctionNoise:
         twin = FunctionNoise(self.fn, self.position)
         twin.shape, twin.dtype, twin.device = self.shape, self.dtype, self.device
         return twin
 
 
-def _check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                expected_shape: tuple[int, int], expected_dtype: torch.dtype,
-                expected_device: torch.device | str) -> None:
-    """Raise naming ``what`` unless increments (steps, *shape[1:]) are (steps, N, m) of the expected dtype and device."""
+def _check_fits(
+    what: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    expected_shape: tuple[int, ...],
+    expected_dtype: torch.dtype,
+    expected_device: torch.device | str,
+) -> None:
+    """Raise naming ``what`` unless increments (steps, *shape[1:]) are (steps, N, m) of the expected dtype/device."""
     expected_device = torch.device(expected_device)
     steps = "steps" if shape[0] < 0 else shape[0]
     if tuple(shape[1:]) != tuple(expected_shape):
-        raise ValueError(f"{what} gave increments of shape ({steps}, {', '.join(map(str, shape[1:]))}) but the run "
-                         f"expects ({steps}, {expected_shape[0]}, {expected_shape[1]}): one (particles, m) "
-                         f"increment per step")
+        raise ValueError(
+            f"{what} gave increments of shape ({steps}, {', '.join(map(str, shape[1:]))}) but the run "
+            f"expects ({steps}, {expected_shape[0]}, {expected_shape[1]}): one (particles, m) "
+            f"increment per step"
+        )
     if dtype != expected_dtype:
-        raise TypeError(f"{what} gave increments of dtype {dtype} but the run's dtype is {expected_dtype}; "
-                        f"convert them, e.g. .to({expected_dtype})")
+        raise TypeError(
+            f"{what} gave increments of dtype {dtype} but the run's dtype is {expected_dtype}; "
+            f"convert them, e.g. .to({expected_dtype})"
+        )
     if device.type != expected_device.type or (expected_device.index is not None and device != expected_device):
-        raise ValueError(f"{what} gave increments on {device} but the run is on {expected_device}; "
-                         f"move them with .to({str(expected_device)!r})")
+        raise ValueError(
+            f"{what} gave increments on {device} but the run is on {expected_device}; "
+            f"move them with .to({str(expected_device)!r})"
+        )
 
 
-Noise = Union[BrownianNoise, TensorNoise, FunctionNoise]
-NoiseLike = Union[Noise, torch.Tensor, Callable[[int, int], torch.Tensor], None]
+Noise = BrownianNoise | TensorNoise | FunctionNoise
+NoiseLike = Noise | torch.Tensor | Callable[[int, int], torch.Tensor] | None
 
 
 def as_noise(noise: NoiseLike) -> Noise | None:
@@ -259,8 +312,10 @@ def as_noise(noise: NoiseLike) -> Noise | None:
         return TensorNoise(noise)
     if callable(noise):
         return FunctionNoise(noise)
-    raise TypeError(f"noise must be a BrownianNoise, a (steps, particles, m) tensor or a function "
-                    f"(start, count) -> increments, got {type(noise).__name__}")
+    raise TypeError(
+        f"noise must be a BrownianNoise, a (steps, particles, m) tensor or a function "
+        f"(start, count) -> increments, got {type(noise).__name__}"
+    )
 
 
-__all__ = ["BLOCK", "BrownianNoise", "TensorNoise", "FunctionNoise", "Noise", "as_noise"]
+__all__ = ["BLOCK", "BrownianNoise", "FunctionNoise", "Noise", "TensorNoise", "as_noise"]

@@ -26,15 +26,24 @@ so that sum over the noise of (L^k sigma) (dW^2 - h) / 2 is g (dW^2 - h) / 2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 import torch
 from torch.func import jacfwd, jacrev, jvp
 
 from ._tree import leaves_with_paths, size
-from .sensitivity import (Coefficients, Plan, Terms, Theta, linearise_generic, linearise_structured, resolve_mode,
-                          structured_pays)
+from .sensitivity import (
+    Coefficients,
+    Plan,
+    Terms,
+    Theta,
+    linearise_generic,
+    linearise_structured,
+    resolve_mode,
+    structured_pays,
+)
 
 Drift = Callable[[Theta, torch.Tensor], torch.Tensor]
 Diffusion = Callable[[Theta, torch.Tensor], torch.Tensor]
@@ -46,8 +55,10 @@ NOISE_TYPES = ("additive", "diagonal", "general")
 
 def _check_declared(noise_type: Any, owner: str) -> None:
     if noise_type is not None and noise_type not in NOISE_TYPES:
-        raise ValueError(f"{owner}(noise_type=...) must be one of {NOISE_TYPES} or None (inferred from "
-                         f"the diffusion's shape), got {noise_type!r}")
+        raise ValueError(
+            f"{owner}(noise_type=...) must be one of {NOISE_TYPES} or None (inferred from "
+            f"the diffusion's shape), got {noise_type!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -63,13 +74,14 @@ class SDE:
     drift: Drift
     diffusion: Diffusion
     cost: Cost
-    noise_type: Optional[NoiseType] = field(default=None, kw_only=True)
+    noise_type: NoiseType | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("drift", "diffusion", "cost"):
             if not callable(getattr(self, name)):
-                raise TypeError(f"SDE({name}=...) must be a function (theta, x) -> tensor, "
-                                f"got {type(getattr(self, name)).__name__}")
+                raise TypeError(
+                    f"SDE({name}=...) must be a function (theta, x) -> tensor, got {type(getattr(self, name)).__name__}"
+                )
         _check_declared(self.noise_type, type(self).__name__)
 
     def coefficients(self, theta: Theta, x: torch.Tensor) -> Coefficients:
@@ -88,7 +100,7 @@ class SDE:
 
     def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...] = ()) -> Terms:
         """mu, sigma and cost at one particle x (d,), and the ``correction`` when ``names`` asks for it."""
-        value = dict(zip(("mu", "sigma", "cost"), self.coefficients(theta, x)))
+        value = dict(zip(("mu", "sigma", "cost"), self.coefficients(theta, x), strict=True))
         if "correction" in names:
             value["correction"] = milstein_correction(self.diffusion, theta, x, value["sigma"])
         return value
@@ -97,11 +109,13 @@ class SDE:
         """The terms of ``names`` that have a derivative to compute (an additive sigma has none)."""
         return tuple(n for n in names if not (self.additive and n in ("sigma", "correction")))
 
-    def linearise_terms(self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan,
-                        names: tuple[str, ...]) -> tuple[Terms, Terms]:
+    def linearise_terms(
+        self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan, names: tuple[str, ...]
+    ) -> tuple[Terms, Terms]:
         """(values, totals) at one particle: every term, and D h = h_x Xtilde + h_theta for h in ``names``."""
-        return linearise_generic(lambda th, x_: self.terms(th, x_, names), theta, x, x_tilde, plan.mode,
-                                 self.differentiated(names))
+        return linearise_generic(
+            lambda th, x_: self.terms(th, x_, names), theta, x, x_tilde, plan.mode, self.differentiated(names)
+        )
 
     def output_count(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...]) -> int:
         """n, the numbers a reverse pass pulls back for ``names`` at one particle (sigma's only when not additive)."""
@@ -109,8 +123,14 @@ class SDE:
         counts = {"mu": x.shape[-1], "sigma": sigma.numel(), "cost": 1, "correction": x.shape[-1]}
         return sum(counts[n] for n in self.differentiated(names))
 
-    def plan_at(self, theta: Theta, x: torch.Tensor, mode: str = "auto", route: str = "auto",
-                names: tuple[str, ...] = ("mu", "sigma", "cost")) -> Plan:
+    def plan_at(
+        self,
+        theta: Theta,
+        x: torch.Tensor,
+        mode: str = "auto",
+        route: str = "auto",
+        names: tuple[str, ...] = ("mu", "sigma", "cost"),
+    ) -> Plan:
         """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,);
         an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored)."""
         if route not in ("auto", "structured", "generic"):
@@ -143,7 +163,7 @@ class ControlledSDE(SDE):
         diffusion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         cost: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
-        noise_type: Optional[NoiseType] = None,
+        noise_type: NoiseType | None = None,
     ) -> None:
         _check_declared(noise_type, "ControlledSDE")
         for name, fn in (("control", control), ("drift", drift), ("diffusion", diffusion), ("cost", cost)):
@@ -161,28 +181,37 @@ class ControlledSDE(SDE):
 
     def coefficients(self, theta: Theta, x: torch.Tensor) -> Coefficients:
         u = self.control(theta, x)
-        return Coefficients(
-            self.controlled_drift(x, u), self.controlled_diffusion(x, u), self.controlled_cost(x, u)
-        )
+        return Coefficients(self.controlled_drift(x, u), self.controlled_diffusion(x, u), self.controlled_cost(x, u))
 
     def parts(self) -> tuple[tuple[str, Callable[[Theta, torch.Tensor], torch.Tensor]], ...]:
         return (("control", self.control), *super().parts())
 
     def terms_xu(self, x: torch.Tensor, u: torch.Tensor) -> Terms:
         """b, s and r at (x, u): the theta-free functions the structure-aware route differentiates."""
-        return {"mu": self.controlled_drift(x, u), "sigma": self.controlled_diffusion(x, u),
-                "cost": self.controlled_cost(x, u)}
+        return {
+            "mu": self.controlled_drift(x, u),
+            "sigma": self.controlled_diffusion(x, u),
+            "cost": self.controlled_cost(x, u),
+        }
 
-    def linearise_terms(self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan,
-                        names: tuple[str, ...]) -> tuple[Terms, Terms]:
+    def linearise_terms(
+        self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan, names: tuple[str, ...]
+    ) -> tuple[Terms, Terms]:
         """The generic route, or on ``plan.route == "structured"`` the control differentiated once."""
         if plan.route != "structured":
             return super().linearise_terms(theta, x, x_tilde, plan, names)
-        return linearise_structured(self.control, self.terms_xu, theta, x, x_tilde, plan.mode,
-                                    self.differentiated(names))
+        return linearise_structured(
+            self.control, self.terms_xu, theta, x, x_tilde, plan.mode, self.differentiated(names)
+        )
 
-    def plan_at(self, theta: Theta, x: torch.Tensor, mode: str = "auto", route: str = "auto",
-                names: tuple[str, ...] = ("mu", "sigma", "cost")) -> Plan:
+    def plan_at(
+        self,
+        theta: Theta,
+        x: torch.Tensor,
+        mode: str = "auto",
+        route: str = "auto",
+        names: tuple[str, ...] = ("mu", "sigma", "cost"),
+    ) -> Plan:
         """Mode and route at one particle x (d,). The structure-aware route is taken when forced
         (``route="structured"``) or, for "auto", when it costs fewer flops (``structured_pays``); with
         it, "auto" counts k control outputs per reverse pass. The Milstein correction (a derivative of
@@ -190,8 +219,10 @@ class ControlledSDE(SDE):
         if route not in ("auto", "structured", "generic"):
             raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
         if route == "structured" and "correction" in names:
-            raise ValueError("the Milstein correction is differentiated on the generic route only; "
-                             "use route='auto' or 'generic' with Milstein()")
+            raise ValueError(
+                "the Milstein correction is differentiated on the generic route only; "
+                "use route='auto' or 'generic' with Milstein()"
+            )
         if route == "generic" or "correction" in names:
             return super().plan_at(theta, x, mode, "generic", names)
         outputs = self.output_count(theta, x, names)
@@ -204,19 +235,20 @@ class ControlledSDE(SDE):
         return Plan(resolved, "structured" if structured else "generic")
 
 
-def milstein_correction(diffusion: Callable[[Theta, torch.Tensor], torch.Tensor], theta: Theta, x: torch.Tensor,
-                        sigma: torch.Tensor) -> torch.Tensor:
+def milstein_correction(
+    diffusion: Callable[[Theta, torch.Tensor], torch.Tensor], theta: Theta, x: torch.Tensor, sigma: torch.Tensor
+) -> torch.Tensor:
     """g (d,): sigma_i d sigma_i / d x_i for diagonal noise (sigma (d,)), (d sigma / d x) sigma for one
     noise (sigma (d, 1)); ``jacfwd`` / ``jvp`` of the diffusion in x, so it stays differentiable."""
     if sigma.ndim == 1:
         jacobian = jacfwd(lambda x_: diffusion(theta, x_))(x)
         return sigma * jacobian.diagonal()
-    _, derivative = jvp(lambda x_: diffusion(theta, x_)[:, 0], (x,), (sigma[:, 0],))
+    _, derivative = jvp(lambda x_: diffusion(theta, x_)[:, 0], (x,), (sigma[:, 0],))  # type: ignore[misc]
     return derivative
 
 
 def inferred_noise_type(sigma: torch.Tensor) -> NoiseType:
-    """"diagonal" for a (d,) sigma of one particle, "general" for a (d, m) one."""
+    """ "diagonal" for a (d,) sigma of one particle, "general" for a (d, m) one."""
     return "diagonal" if sigma.ndim == 1 else "general"
 
 
@@ -234,17 +266,22 @@ def check_noise_type(sde: SDE, theta: Theta, x0: torch.Tensor) -> NoiseType:
         return inferred_noise_type(sigma)
     shape = tuple(sigma.shape)
     if declared == "diagonal" and sigma.ndim != 1:
-        raise ValueError(f"noise_type='diagonal' but the diffusion returned shape {shape}; a diagonal "
-                         f"diffusion returns the ({x0.shape[-1]},) diagonal, or declare noise_type='general'")
+        raise ValueError(
+            f"noise_type='diagonal' but the diffusion returned shape {shape}; a diagonal "
+            f"diffusion returns the ({x0.shape[-1]},) diagonal, or declare noise_type='general'"
+        )
     if declared == "general" and sigma.ndim != 2:
-        raise ValueError(f"noise_type='general' but the diffusion returned shape {shape}; a general "
-                         f"diffusion returns a (d, m) matrix, or declare noise_type='diagonal'")
+        raise ValueError(
+            f"noise_type='general' but the diffusion returned shape {shape}; a general "
+            f"diffusion returns a (d, m) matrix, or declare noise_type='diagonal'"
+        )
     if declared == "additive":
         d_theta, d_x = jacrev(sde.diffusion, argnums=(0, 1))(theta, x0)
         for name, jacobian in (("x", d_x), *((f"theta{path}", leaf) for path, leaf in leaves_with_paths(d_theta))):
             if bool((jacobian != 0).any()):
-                raise ValueError(f"noise_type='additive' but the diffusion depends on {name}: its derivative "
-                                 f"at x0 is not zero (max |.| = {float(jacobian.abs().max()):.3g}); declare "
-                                 f"noise_type=None (inferred) or make sigma a constant")
+                raise ValueError(
+                    f"noise_type='additive' but the diffusion depends on {name}: its derivative "
+                    f"at x0 is not zero (max |.| = {float(jacobian.abs().max()):.3g}); declare "
+                    f"noise_type=None (inferred) or make sigma a constant"
+                )
     return declared
-

@@ -12,28 +12,32 @@ finite, and >= 0 for learning rates, with errors naming the factory and argument
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Callable, Sequence, Union
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ._checks import is_concrete
 
 Schedule = Callable[[torch.Tensor], torch.Tensor]
-Parameter = Union[float, torch.Tensor]
+Parameter = float | torch.Tensor
 
 
 def _as_tensor(t) -> torch.Tensor:
     return t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.float64)
 
 
-def _parameter(value: Parameter, factory: str, name: str, *, minimum: float | None = 0.0,
-               strict: bool = False) -> Parameter:
+def _parameter(
+    value: Parameter, factory: str, name: str, *, minimum: float | None = 0.0, strict: bool = False
+) -> Parameter:
     """A number (as float) or a 0-d floating tensor (kept as it is); if concrete, finite and >= (or >) minimum."""
     if isinstance(value, torch.Tensor):
         if value.ndim != 0 or not value.is_floating_point():
-            raise ValueError(f"{factory}: {name} must be a number or a 0-d floating tensor, "
-                             f"got a {value.dtype} tensor of shape {tuple(value.shape)}")
+            raise ValueError(
+                f"{factory}: {name} must be a number or a 0-d floating tensor, "
+                f"got a {value.dtype} tensor of shape {tuple(value.shape)}"
+            )
         if not is_concrete(value):
             return value
         number = value.item()
@@ -80,16 +84,19 @@ def piecewise_constant(values: Sequence[Parameter], boundaries: Sequence[Paramet
     values >= 0 and finite; boundaries finite and strictly increasing.
     """
     values = [_parameter(v, "piecewise_constant", f"values[{i}]") for i, v in enumerate(values)]
-    boundaries = [_parameter(b, "piecewise_constant", f"boundaries[{i}]", minimum=None)
-                  for i, b in enumerate(boundaries)]
+    boundaries = [
+        _parameter(b, "piecewise_constant", f"boundaries[{i}]", minimum=None) for i, b in enumerate(boundaries)
+    ]
     if len(values) != len(boundaries) + 1:
-        raise ValueError(f"piecewise_constant needs one more value than boundaries, "
-                         f"got {len(values)} values and {len(boundaries)} boundaries")
+        raise ValueError(
+            f"piecewise_constant needs one more value than boundaries, "
+            f"got {len(values)} values and {len(boundaries)} boundaries"
+        )
     if all(is_concrete(b) for b in boundaries):
         numbers = [float(b) for b in boundaries]
-        if any(b1 <= b0 for b0, b1 in zip(numbers, numbers[1:])):
+        if any(b1 <= b0 for b0, b1 in itertools.pairwise(numbers)):
             raise ValueError(f"piecewise_constant: boundaries must increase strictly, got {numbers}")
-    jumps = [(b, v1 - v0) for b, v0, v1 in zip(boundaries, values, values[1:])]
+    jumps = [(b, v1 - v0) for b, (v0, v1) in zip(boundaries, itertools.pairwise(values), strict=True)]
 
     def schedule(t):
         t = _as_tensor(t)

@@ -35,7 +35,8 @@ flops against the generic n (B + d), with n output numbers and B ~ 3 the cost of
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 from torch.func import jacfwd, vjp, vmap
@@ -70,7 +71,7 @@ class Linearisation(NamedTuple):
     """
 
     value: Coefficients
-    total: Coefficients
+    total: Any  # Coefficients whose sigma may be None (additive noise: D sigma not computed)
 
 
 class Plan(NamedTuple):
@@ -84,16 +85,18 @@ class Plan(NamedTuple):
 class Linearisable(Protocol):
     """What ``linearise`` differentiates: a problem that evaluates and linearises its named terms."""
 
-    def linearise_terms(self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan,
-                        names: tuple[str, ...]) -> tuple[Terms, Terms]: ...
+    def linearise_terms(
+        self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan, names: tuple[str, ...]
+    ) -> tuple[Terms, Terms]: ...
 
 
 UNROLLED_ROWS = 4  # up to this many output numbers, pull back row by row instead of under vmap
 PULLBACK_COST = 3.0  # B: one pullback through the control costs ~ B flops per parameter
 
 
-def reverse_jacobian(fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
-                     ) -> tuple[tuple[tuple[Any, ...], ...], Any]:
+def reverse_jacobian(
+    fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
+) -> tuple[tuple[tuple[Any, ...], ...], Any]:
     """``jacrev(fn, argnums=all, has_aux=True)(*args)`` for fn -> (outputs tuple, aux): (J, aux) with
     J[i][j] the Jacobian of output i w.r.t. argument j (a pytree: leaf s -> (*out_i.shape, *s)).
 
@@ -101,11 +104,12 @@ def reverse_jacobian(fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *a
     numbers (in eager mode a vmap over the basis costs more than a few pullbacks), a ``vmap``
     over the basis beyond. Shapes alone decide, so it stays transformable.
     """
+
     def flat(*args_: Any) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]]:
         outputs, aux = fn(*args_)
         return torch.cat([out.reshape(-1) for out in outputs]), (outputs, aux)
 
-    y, pullback, (outputs, aux) = vjp(flat, *args, has_aux=True)
+    y, pullback, (outputs, aux) = vjp(flat, *args, has_aux=True)  # type: ignore[misc]  # torch's stub lacks has_aux
     basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)
     if y.numel() <= UNROLLED_ROWS:
         rows = tree_map(lambda *row: torch.stack(row), *[pullback(e) for e in basis])
@@ -113,28 +117,33 @@ def reverse_jacobian(fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *a
         rows = vmap(pullback)(basis)
     sizes = [out.numel() for out in outputs]
     jacobians = tuple(
-        tuple(tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), per_arg)
-              for per_arg in rows)
+        tuple(
+            tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), per_arg) for per_arg in rows
+        )
         for i, out in enumerate(outputs)
     )
     return jacobians, aux
 
 
-def linearise_generic(fn: TermsFn, theta: Theta, x: torch.Tensor, x_tilde: Any, mode: str,
-                      names: tuple[str, ...]) -> tuple[Terms, Terms]:
+def linearise_generic(
+    fn: TermsFn, theta: Theta, x: torch.Tensor, x_tilde: Any, mode: str, names: tuple[str, ...]
+) -> tuple[Terms, Terms]:
     """(values, totals) at one particle: ``fn(theta, x)``'s terms, and D h for h in ``names``.
 
     reverse: D h = h_x Xtilde + h_theta from the partial Jacobians over (theta, x);
     forward: ``jacfwd`` of theta' -> h(x + Xtilde (theta' - theta), theta').
     """
     if mode == "reverse":
+
         def evaluate(theta_: Theta, x_: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Terms]:
             out = fn(theta_, x_)
             return tuple(out[name] for name in names), out
 
         jacobians, value = reverse_jacobian(evaluate, theta, x)
-        total = {name: tree_map(lambda h_theta, xt: h_theta + torch.tensordot(h_x, xt, dims=1), h_theta_tree, x_tilde)
-                 for name, (h_theta_tree, h_x) in zip(names, jacobians)}
+        total = {
+            name: tree_map(lambda h_theta, xt: h_theta + torch.tensordot(h_x, xt, dims=1), h_theta_tree, x_tilde)
+            for name, (h_theta_tree, h_x) in zip(names, jacobians, strict=True)
+        }
         return value, total
 
     def along_sensitivity(theta_prime: Theta) -> tuple[tuple[torch.Tensor, ...], Terms]:
@@ -143,17 +152,23 @@ def linearise_generic(fn: TermsFn, theta: Theta, x: torch.Tensor, x_tilde: Any, 
         return tuple(out[name] for name in names), out
 
     totals, value = jacfwd(along_sensitivity, has_aux=True)(theta)
-    return value, dict(zip(names, totals))
+    return value, dict(zip(names, totals, strict=True))
 
 
-def control_sensitivity(control: Callable[[Theta, torch.Tensor], torch.Tensor], theta: Theta,
-                        x: torch.Tensor, x_tilde: Any, mode: str = "reverse") -> tuple[torch.Tensor, Any]:
+def control_sensitivity(
+    control: Callable[[Theta, torch.Tensor], torch.Tensor],
+    theta: Theta,
+    x: torch.Tensor,
+    x_tilde: Any,
+    mode: str = "reverse",
+) -> tuple[torch.Tensor, Any]:
     """(u, D u) with D u = u_x Xtilde + u_theta, one particle; a leaf of shape s gives D u (*u.shape, *s).
 
     reverse: ``reverse_jacobian`` over (theta, x), one pullback per control output;
     forward: ``jacfwd`` of theta' -> u(theta', x + Xtilde (theta' - theta)), one pass per parameter.
     """
     if mode == "reverse":
+
         def evaluate(theta_: Theta, x_: torch.Tensor) -> tuple[tuple[torch.Tensor], torch.Tensor]:
             u = control(theta_, x_)
             return (u,), u
@@ -170,9 +185,15 @@ def control_sensitivity(control: Callable[[Theta, torch.Tensor], torch.Tensor], 
     return u, d_u
 
 
-def linearise_structured(control: Callable[[Theta, torch.Tensor], torch.Tensor],
-                         terms_xu: Callable[[torch.Tensor, torch.Tensor], Terms], theta: Theta, x: torch.Tensor,
-                         x_tilde: Any, mode: str, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+def linearise_structured(
+    control: Callable[[Theta, torch.Tensor], torch.Tensor],
+    terms_xu: Callable[[torch.Tensor, torch.Tensor], Terms],
+    theta: Theta,
+    x: torch.Tensor,
+    x_tilde: Any,
+    mode: str,
+    names: tuple[str, ...],
+) -> tuple[Terms, Terms]:
     """The structure-aware route, one particle: D h = h_x Xtilde + h_u D u for the terms h of
     ``terms_xu(x, u)`` named in ``names``, the control differentiated once."""
     u, d_u = control_sensitivity(control, theta, x, x_tilde, mode)
@@ -182,14 +203,18 @@ def linearise_structured(control: Callable[[Theta, torch.Tensor], torch.Tensor],
         return tuple(out[name] for name in names), out
 
     jacobians, value = reverse_jacobian(evaluate, x, u)
-    total = {name: tree_map(lambda xt, du: torch.tensordot(h_x, xt, dims=1) + torch.tensordot(h_u, du, dims=u.ndim),
-                            x_tilde, d_u)
-             for name, (h_x, h_u) in zip(names, jacobians)}
+    total = {
+        name: tree_map(
+            lambda xt, du: torch.tensordot(h_x, xt, dims=1) + torch.tensordot(h_u, du, dims=u.ndim), x_tilde, d_u
+        )
+        for name, (h_x, h_u) in zip(names, jacobians, strict=True)
+    }
     return value, total
 
 
-def over_particles(linearise_one: Callable[[torch.Tensor, Any], tuple[Terms, Terms]], x: torch.Tensor,
-                   x_tilde: Any) -> tuple[Terms, Terms]:
+def over_particles(
+    linearise_one: Callable[[torch.Tensor, Any], tuple[Terms, Terms]], x: torch.Tensor, x_tilde: Any
+) -> tuple[Terms, Terms]:
     """``linearise_one(x_i, x_tilde_i)`` for N particles x (N, d): one ``vmap``; none for a single
     eager particle (vmap's overhead is a third of an eager step at N = 1; in a traced graph the
     vmapped form compiles to the faster kernel)."""
@@ -227,8 +252,14 @@ def resolve_mode(mode: Mode | str, outputs: int, parameters: int) -> str:
     return "reverse" if outputs <= parameters else "forward"
 
 
-def linearise(problem: Linearisable | Callable[[Theta, torch.Tensor], Any], theta: Theta, x: torch.Tensor,
-              x_tilde: Any, mode: str = "reverse", route: Route = "auto") -> Linearisation:
+def linearise(
+    problem: Linearisable | Callable[[Theta, torch.Tensor], Any],
+    theta: Theta,
+    x: torch.Tensor,
+    x_tilde: Any,
+    mode: str = "reverse",
+    route: Route = "auto",
+) -> Linearisation:
     """Coefficients of one particle x (d,) and their total derivatives along x_tilde (leaf s -> (d, *s)).
 
     ``problem`` is an ``SDE`` (or ``ControlledSDE``, whose ``route`` "auto" takes the structure-aware
@@ -244,31 +275,56 @@ def linearise(problem: Linearisable | Callable[[Theta, torch.Tensor], Any], thet
         function = problem
 
         def terms(theta_: Theta, x_: torch.Tensor) -> Terms:
-            return dict(zip(("mu", "sigma", "cost"), function(theta_, x_)))
+            return dict(zip(("mu", "sigma", "cost"), function(theta_, x_), strict=True))
 
         value, total = linearise_generic(terms, theta, x, x_tilde, mode, ("mu", "sigma", "cost"))
     else:
         plan = problem.plan_at(theta, x, mode, route)  # type: ignore[union-attr]
         value, total = problem.linearise_terms(theta, x, x_tilde, plan, ("mu", "sigma", "cost"))
-    return Linearisation(Coefficients(value["mu"], value["sigma"], value["cost"]),
-                         Coefficients(total["mu"], total.get("sigma"), total["cost"]))
+    return Linearisation(
+        Coefficients(value["mu"], value["sigma"], value["cost"]),
+        Coefficients._make((total["mu"], total.get("sigma"), total["cost"])),
+    )
 
 
-def linearise_particles(problem: Linearisable | Callable[[Theta, torch.Tensor], Any], theta: Theta, x: torch.Tensor,
-                        x_tilde: Any, mode: str = "reverse", route: Route = "auto") -> Linearisation:
+def linearise_particles(
+    problem: Linearisable | Callable[[Theta, torch.Tensor], Any],
+    theta: Theta,
+    x: torch.Tensor,
+    x_tilde: Any,
+    mode: str = "reverse",
+    route: Route = "auto",
+) -> Linearisation:
     """``linearise`` for N particles x (N, d) and x_tilde (leaves (N, d, *s)), shared theta: one ``vmap``; every
     tensor gains a leading N. An "auto" route is decided once, at the first particle."""
     if route == "auto" and hasattr(problem, "plan_at"):
-        route = problem.plan_at(theta, x[0], mode, route).route  # type: ignore[union-attr]
+        route = problem.plan_at(theta, x[0], mode, route).route
 
     def one(xi: torch.Tensor, xti: Any) -> tuple[Terms, Terms]:
         value, total = linearise(problem, theta, xi, xti, mode, route)
         return dict(value._asdict()), {k: v for k, v in total._asdict().items() if v is not None}
 
     value, total = over_particles(one, x, x_tilde)
-    return Linearisation(Coefficients(**value), Coefficients(total["mu"], total.get("sigma"), total["cost"]))
+    return Linearisation(Coefficients(**value), Coefficients._make((total["mu"], total.get("sigma"), total["cost"])))
 
 
-__all__ = ["Coefficients", "Linearisation", "Plan", "linearise_particles", "Mode", "MODES", "Route", "ROUTES", "Terms", "reverse_jacobian",
-           "linearise_generic", "linearise_structured", "control_sensitivity", "over_particles",
-           "evaluate_particles", "structured_pays", "resolve_mode", "linearise"]
+__all__ = [
+    "MODES",
+    "ROUTES",
+    "Coefficients",
+    "Linearisation",
+    "Mode",
+    "Plan",
+    "Route",
+    "Terms",
+    "control_sensitivity",
+    "evaluate_particles",
+    "linearise",
+    "linearise_generic",
+    "linearise_particles",
+    "linearise_structured",
+    "over_particles",
+    "resolve_mode",
+    "reverse_jacobian",
+    "structured_pays",
+]

@@ -30,8 +30,9 @@ cost form, ensembles and the frozen-theta evaluation share it. A new scheme is o
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch.func import jacrev
@@ -92,8 +93,9 @@ class Solver(abc.ABC):
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "reverse", "forward"):
-            raise ValueError(f"{type(self).__name__}(mode=...) must be 'auto', 'reverse' or 'forward', "
-                             f"got {self.mode!r}")
+            raise ValueError(
+                f"{type(self).__name__}(mode=...) must be 'auto', 'reverse' or 'forward', got {self.mode!r}"
+            )
 
     def check(self, sde: Any, theta: Any, x0: torch.Tensor) -> None:
         """Raise a clear ``ValueError`` if this scheme cannot integrate ``sde`` (checked at x0 (d,))."""
@@ -108,8 +110,7 @@ class Solver(abc.ABC):
         """X_{n+1} and Xtilde_{n+1} of N particles, and the terms at time n."""
 
     @abc.abstractmethod
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any
-                    ) -> tuple[torch.Tensor, Terms]:
+    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
         """X_{n+1} with theta frozen (no sensitivity), and the terms at time n."""
 
     def __repr__(self) -> str:
@@ -137,8 +138,7 @@ class Euler(Solver):
             new_x_tilde = tree_map(lambda xt, d_mu, dn: xt + d_mu * dt + dn, x_tilde, total["mu"], d_noise)
         return Moved(new_x, new_x_tilde, value, total)
 
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any
-                    ) -> tuple[torch.Tensor, Terms]:
+    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
         value = evaluate(x, NAMES)
         return x + value["mu"] * dt + noise_term(value["sigma"], dw), value
 
@@ -163,9 +163,11 @@ class Heun(Solver):
             return
         d_x = jacrev(sde.diffusion, argnums=1)(theta, x0)
         if bool((d_x != 0).any()):
-            raise ValueError(f"Heun() needs a diffusion that does not depend on x (it may depend on theta): "
-                             f"its Ito limit differs otherwise. This diffusion depends on x at x0 (max |d sigma/dx| "
-                             f"= {float(d_x.abs().max()):.3g}); use Euler(), or Milstein() for diagonal noise")
+            raise ValueError(
+                f"Heun() needs a diffusion that does not depend on x (it may depend on theta): "
+                f"its Ito limit differs otherwise. This diffusion depends on x at x0 (max |d sigma/dx| "
+                f"= {float(d_x.abs().max()):.3g}); use Euler(), or Milstein() for diagonal noise"
+            )
 
     def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
         value, total = linearise(x, x_tilde, NAMES)
@@ -184,8 +186,7 @@ class Heun(Solver):
             new_x_tilde = tree_map(torch.add, new_x_tilde, d_noise)
         return Moved(new_x, new_x_tilde, value, total)
 
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any
-                    ) -> tuple[torch.Tensor, Terms]:
+    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
         value = evaluate(x, NAMES)
         noise = noise_term(value["sigma"], dw)
         corrector = evaluate(x + value["mu"] * dt + noise, ("mu",))
@@ -208,9 +209,11 @@ class Milstein(Solver):
 
     def check_shape(self, sigma: torch.Tensor, noise_type: str | None) -> None:
         if sigma.ndim == 2 and sigma.shape[1] > 1:
-            raise ValueError(f"Milstein() takes diagonal noise (a diffusion of shape (d,)) or a single noise "
-                             f"(d, 1); this diffusion has shape {tuple(sigma.shape)} (general noise, m = "
-                             f"{sigma.shape[1]}), whose Milstein scheme needs Levy areas: use Euler()")
+            raise ValueError(
+                f"Milstein() takes diagonal noise (a diffusion of shape (d,)) or a single noise "
+                f"(d, 1); this diffusion has shape {tuple(sigma.shape)} (general noise, m = "
+                f"{sigma.shape[1]}), whose Milstein scheme needs Levy areas: use Euler()"
+            )
 
     def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
         value, total = linearise(x, x_tilde, self.names)
@@ -224,12 +227,17 @@ class Milstein(Solver):
             new_x_tilde = tree_map(lambda xt, d_mu: xt + d_mu * dt, x_tilde, total["mu"])
             return Moved(new_x, new_x_tilde, value, total)
         new_x_tilde = tree_map(
-            lambda xt, d_mu, dn, d_g: xt + d_mu * dt + dn + 0.5 * d_g * square.reshape(square.shape + (1,) * (d_g.ndim - 2)),
-            x_tilde, total["mu"], d_noise, total["correction"])
+            lambda xt, d_mu, dn, d_g: (
+                xt + d_mu * dt + dn + 0.5 * d_g * square.reshape(square.shape + (1,) * (d_g.ndim - 2))
+            ),
+            x_tilde,
+            total["mu"],
+            d_noise,
+            total["correction"],
+        )
         return Moved(new_x, new_x_tilde, value, total)
 
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any
-                    ) -> tuple[torch.Tensor, Terms]:
+    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
         value = evaluate(x, self.names)
         sigma = value["sigma"]
         square = self._square(dw, dt, sigma.ndim == 2)
@@ -241,22 +249,34 @@ class Milstein(Solver):
         return dw * dw - dt if diagonal else dw[:, :1] * dw[:, :1] - dt
 
 
+EULER = Euler()  # the default solver
 SOLVERS: dict[str, type[Solver]] = {"euler": Euler, "heun": Heun, "milstein": Milstein}
 
 
 def as_solver(solver: Solver | str | None) -> Solver:
     """A solver from what a user passes: a ``Solver``, its name ("euler", "heun", "milstein") or None (Euler)."""
     if solver is None:
-        return Euler()
+        return EULER
     if isinstance(solver, str):
         if solver.lower() not in SOLVERS:
             raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
         return SOLVERS[solver.lower()]()
     if not isinstance(solver, Solver):
-        raise TypeError(f"solver must be a fwdtrain solver (fwdtrain.Euler(), Heun(), Milstein()) or its name, "
-                        f"got {type(solver).__name__}")
+        raise TypeError(
+            f"solver must be a fwdtrain solver (fwdtrain.Euler(), Heun(), Milstein()) or its name, "
+            f"got {type(solver).__name__}"
+        )
     return solver
 
 
-__all__ = ["Solver", "Euler", "Heun", "Milstein", "Moved", "SOLVERS", "as_solver", "noise_term",
-           "noise_sensitivity_term"]
+__all__ = [
+    "SOLVERS",
+    "Euler",
+    "Heun",
+    "Milstein",
+    "Moved",
+    "Solver",
+    "as_solver",
+    "noise_sensitivity_term",
+    "noise_term",
+]

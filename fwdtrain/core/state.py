@@ -58,19 +58,21 @@ def _numbers(tensor: torch.Tensor, count: int = 3) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in flat) + more + "]"
 
 
-def summary(state: "State") -> str:
+def summary(state: State) -> str:
     """One line per field: shapes, dtype and device, t, the first numbers of x and theta."""
     if not isinstance(state.x, torch.Tensor):
         return f"State(x={state.x!r}, ...)"
     theta = leaves_with_paths(state.theta)
     t = state.t
     clock = (f"{float(t):.6g}" if t.ndim == 0 else f"{tuple(t.shape)} clocks") if _checks.is_concrete(t) else "<traced>"
-    parts = [f"x {tuple(state.x.shape)} {str(state.x.dtype).removeprefix('torch.')} on {state.x.device} "
-             f"{_numbers(state.x)}",
-             f"theta: {len(theta)} leaves, {size(state.theta)} numbers"
-             + "".join(f"; {path} {tuple(leaf.shape)} {_numbers(leaf)}" for path, leaf in theta[:3])
-             + ("; ..." if len(theta) > 3 else ""),
-             f"x_tilde: {len(leaves(state.x_tilde))} leaves", f"t = {clock}"]
+    parts = [
+        f"x {tuple(state.x.shape)} {str(state.x.dtype).removeprefix('torch.')} on {state.x.device} {_numbers(state.x)}",
+        f"theta: {len(theta)} leaves, {size(state.theta)} numbers"
+        + "".join(f"; {path} {tuple(leaf.shape)} {_numbers(leaf)}" for path, leaf in theta[:3])
+        + ("; ..." if len(theta) > 3 else ""),
+        f"x_tilde: {len(leaves(state.x_tilde))} leaves",
+        f"t = {clock}",
+    ]
     if not (isinstance(state.opt_state, tuple) and not state.opt_state):
         parts.append(f"opt_state: {type(state.opt_state).__name__}")
     if not (isinstance(state.average, tuple) and not state.average):
@@ -86,7 +88,7 @@ def _failing_function(sde: SDE, theta: Theta, x: torch.Tensor) -> str:
     for field, function in sde.parts():
         try:
             function(theta, x)
-        except Exception:  # noqa: BLE001 - only looking for the culprit
+        except Exception:
             return field
     return "coefficients"
 
@@ -95,10 +97,11 @@ def _reraise(error: Exception, message: str) -> None:
     """Raise ``message`` as the type of ``error``, chained to it; add it as a note if the type will not take it."""
     try:
         wrapped = type(error)(message)
-    except Exception:  # noqa: BLE001 - an exception type with its own constructor
+    except Exception:
         wrapped = None
     if wrapped is None:
-        error.add_note(message)
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(message)
         raise error
     raise wrapped from error
 
@@ -111,36 +114,49 @@ def evaluate_once(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> 
     """
     d = x.shape[-1]
     if x.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): it needs at least one particle "
-                         f"and one entry per state dimension")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(x.shape)}): it needs at least one particle "
+            f"and one entry per state dimension"
+        )
     try:
         value = Coefficients(*sde.coefficients(theta, x))
-    except Exception as error:  # noqa: BLE001 - re-raised with the function that raised named
+    except Exception as error:
         culprit = _failing_function(sde, theta, x)
         text = str(error)
         if isinstance(error, (RuntimeError, IndexError, ValueError)) and any(w in text for w in _SHAPE_WORDS):
-            raise ValueError(f"the SDE's {culprit} could not be evaluated at {name} of dimension d = {d}: {text}. "
-                             f"Check that {name} has one entry per state dimension the model expects.") from error
+            raise ValueError(
+                f"the SDE's {culprit} could not be evaluated at {name} of dimension d = {d}: {text}. "
+                f"Check that {name} has one entry per state dimension the model expects."
+            ) from error
         _reraise(error, f"the SDE's {culprit} raised {type(error).__name__} at {name} (d = {d}): {text}")
-    for field, tensor in zip(("drift", "diffusion", "cost"), value):
+    for field, tensor in zip(("drift", "diffusion", "cost"), value, strict=True):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"the SDE's {field} returned {type(tensor).__name__}; it must return a torch.Tensor")
         if tensor.dtype != x.dtype:
-            raise TypeError(f"the SDE's {field} returned dtype {tensor.dtype} at {name} of dtype {x.dtype}; it must "
-                            f"keep the dtype of x and theta (make constants with x.new_tensor(...) or "
-                            f"torch.tensor(..., dtype=x.dtype)), else x is silently promoted and the next step fails")
+            raise TypeError(
+                f"the SDE's {field} returned dtype {tensor.dtype} at {name} of dtype {x.dtype}; it must "
+                f"keep the dtype of x and theta (make constants with x.new_tensor(...) or "
+                f"torch.tensor(..., dtype=x.dtype)), else x is silently promoted and the next step fails"
+            )
         if tensor.device != x.device:
-            raise ValueError(f"the SDE's {field} returned a tensor on {tensor.device} at {name} on {x.device}; "
-                             f"create its tensors on x.device")
+            raise ValueError(
+                f"the SDE's {field} returned a tensor on {tensor.device} at {name} on {x.device}; "
+                f"create its tensors on x.device"
+            )
     if value.mu.shape != (d,):
-        raise ValueError(f"drift returned shape {tuple(value.mu.shape)} at {name} of shape ({d},); "
-                         f"it must return ({d},), one entry per state dimension")
+        raise ValueError(
+            f"drift returned shape {tuple(value.mu.shape)} at {name} of shape ({d},); "
+            f"it must return ({d},), one entry per state dimension"
+        )
     if value.sigma.shape != (d,) and (value.sigma.ndim != 2 or value.sigma.shape[0] != d):
-        raise ValueError(f"diffusion returned shape {tuple(value.sigma.shape)}; it must return a ({d}, m) "
-                         f"matrix or a ({d},) vector for diagonal noise")
+        raise ValueError(
+            f"diffusion returned shape {tuple(value.sigma.shape)}; it must return a ({d}, m) "
+            f"matrix or a ({d},) vector for diagonal noise"
+        )
     if value.cost.shape != ():
-        raise ValueError(f"cost returned shape {tuple(value.cost.shape)}; it must return a scalar (0-d tensor), "
-                         f"e.g. (x * x).sum()")
+        raise ValueError(
+            f"cost returned shape {tuple(value.cost.shape)}; it must return a scalar (0-d tensor), e.g. (x * x).sum()"
+        )
     return value
 
 
@@ -152,8 +168,10 @@ def check_finite(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> N
     for field, function in sde.parts():
         value = function(theta, x)
         if isinstance(value, torch.Tensor) and _checks.is_concrete(value) and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"the SDE's {field} is not finite at {name} = {_numbers(x, 4)}: it returned "
-                             f"{_numbers(value, 4)}; fix the {field} (or theta) so that it is finite there")
+            raise ValueError(
+                f"the SDE's {field} is not finite at {name} = {_numbers(x, 4)}: it returned "
+                f"{_numbers(value, 4)}; fix the {field} (or theta) so that it is finite there"
+            )
 
 
 def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
@@ -161,21 +179,29 @@ def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
     return sde.diffusion(theta, x[0] if x.ndim == 2 else x).shape[-1]
 
 
-def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *,
-                   average_from: Any = None) -> State:
+def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *, average_from: Any = None) -> State:
     """``state`` with the rule's state ``optimizer.init(theta)`` (``()`` for None: plain sgd) and, for
     ``average_from`` = t0, an empty Polyak-Ruppert average that starts at t0 (``()`` for None)."""
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
-                        f"or None, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+            f"or None, got {type(optimizer).__name__}"
+        )
     opt_state = () if optimizer is None else optimizer.init(state.theta)
     average = () if average_from is None else average_init(state.theta, average_from)
     return state._replace(opt_state=opt_state, average=average)
 
 
-def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
-         optimizer: GradientTransformation | None = None, average_from: Any = None,
-         allow_low_precision: bool = False) -> State:
+def init(
+    sde: SDE,
+    theta: Theta,
+    x0: torch.Tensor,
+    particles: int | None = None,
+    *,
+    optimizer: GradientTransformation | None = None,
+    average_from: Any = None,
+    allow_low_precision: bool = False,
+) -> State:
     """The state at t = 0: x = x0 for every particle, x_tilde = 0.
 
     The SDE's functions are evaluated once at x0: their shapes, dtypes and devices are checked, each
@@ -201,8 +227,9 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
     elif x0.ndim == 2:
         n = x0.shape[0]
         if particles is not None and _checks.check_count(particles, "particles") != n:
-            raise ValueError(f"x0 has {n} rows but particles={particles}; pass x0 of shape (d,) "
-                             f"or one row per particle")
+            raise ValueError(
+                f"x0 has {n} rows but particles={particles}; pass x0 of shape (d,) or one row per particle"
+            )
         x = x0.clone()
         if n == 0:
             raise ValueError(f"x0 has shape {tuple(x0.shape)}: no particles; pass at least one row")
@@ -219,4 +246,4 @@ def init(sde: SDE, theta: Theta, x0: torch.Tensor, particles: int | None = None,
     return with_optimizer(state, optimizer, average_from=average_from)
 
 
-__all__ = ["State", "init", "with_optimizer", "noise_dim", "evaluate_once", "check_finite", "summary"]
+__all__ = ["State", "check_finite", "evaluate_once", "init", "noise_dim", "summary", "with_optimizer"]

@@ -38,19 +38,55 @@ Under ``torchrun --nproc-per-node 2 train.py``, with train.py::
 
 from .check import GroupStatus, check_group
 from .checkpoint import load_group, save_group
+from .group import (
+    DEFAULT_TIMEOUT,
+    GroupError,
+    backend_for,
+    broadcast,
+    destroy_process_group,
+    gather_to_main,
+    group_mean,
+    init_process_group,
+    is_initialized,
+    is_main,
+    local_device,
+    print_main,
+    rank,
+    require_group,
+    world_size,
+)
 from .hooks import GroupHook
-from .training import distributed_run
-from .group import (DEFAULT_TIMEOUT, GroupError, backend_for, broadcast, destroy_process_group, gather_to_main,
-                    group_mean, init_process_group, is_initialized, is_main, local_device, print_main, rank,
-                    require_group, world_size)
 from .processes import LaunchError, launch
 from .reduce import GradientMean, gradient_mean
 from .seeds import rank_generator, rank_seed
+from .training import distributed_run
 
 __all__ = [
-    "GroupError", "GroupStatus", "GradientMean", "LaunchError", "DEFAULT_TIMEOUT",
-    "rank", "world_size", "is_main", "is_initialized", "print_main", "backend_for", "local_device",
-    "init_process_group", "destroy_process_group", "require_group", "broadcast", "group_mean", "gather_to_main",
-    "rank_seed", "rank_generator", "gradient_mean", "check_group", "distributed_run", "GroupHook",
-    "save_group", "load_group", "launch",
+    "DEFAULT_TIMEOUT",
+    "GradientMean",
+    "GroupError",
+    "GroupHook",
+    "GroupStatus",
+    "LaunchError",
+    "backend_for",
+    "broadcast",
+    "check_group",
+    "destroy_process_group",
+    "distributed_run",
+    "gather_to_main",
+    "gradient_mean",
+    "group_mean",
+    "init_process_group",
+    "is_initialized",
+    "is_main",
+    "launch",
+    "load_group",
+    "local_device",
+    "print_main",
+    "rank",
+    "rank_generator",
+    "rank_seed",
+    "require_group",
+    "save_group",
+    "world_size",
 ]

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from ..core._tree import tree_map
-from ..driver.checkpoint import Checkpoint, load, save
-from ..core.history import History
 from ..core.errors import CheckpointError
+from ..core.history import History
 from ..core.state import State
+from ..driver.checkpoint import Checkpoint, load, save
 from .group import GroupError, all_reduce, gather_to_main, is_initialized, is_main, rank, scatter_from_main, world_size
 
 
@@ -35,16 +35,20 @@ def save_group(path: str | os.PathLike, state: State, history: History, *, metad
     entries = gather_to_main(own)
     error = None
     if is_main():
+        assert entries is not None
         try:
             save(path, state, history, metadata={**(metadata or {}), "world_size": len(entries), "ranks": entries})
-        except Exception as caught:  # noqa: BLE001 - told to the group, then re-raised
+        except Exception as caught:
             error = caught
     if is_initialized():
         flag = torch.tensor([0.0 if error is None else 1.0], dtype=torch.float64)
         all_reduce(flag, "the checkpoint flag")
         if error is None and float(flag) > 0:
-            raise GroupError(f"rank {rank()}: rank 0 could not write the checkpoint {os.fspath(path)!r} "
-                             f"(see its output)", reason="failed", ranks=(0,))
+            raise GroupError(
+                f"rank {rank()}: rank 0 could not write the checkpoint {os.fspath(path)!r} (see its output)",
+                reason="failed",
+                ranks=(0,),
+            )
     if error is not None:
         raise error
 
@@ -55,11 +59,20 @@ def _entry(checkpoint: Checkpoint, size: int, path: str) -> list[Any]:
     ranks = metadata.pop("ranks", None)
     saved = int(metadata.get("world_size", 1))
     if ranks is None:  # a single-process checkpoint: its own state is rank 0's
-        ranks = [_cpu({"x": checkpoint.state.x, "x_tilde": checkpoint.state.x_tilde,
-                       "carry": None if checkpoint.history is None else checkpoint.history.carry})]
+        ranks = [
+            _cpu(
+                {
+                    "x": checkpoint.state.x,
+                    "x_tilde": checkpoint.state.x_tilde,
+                    "carry": None if checkpoint.history is None else checkpoint.history.carry,
+                }
+            )
+        ]
     if saved != size or len(ranks) != size:
-        message = (f"{path!r} holds a run of {saved} process(es) but this group has {size}; resume with "
-                   f"the same number of processes (torchrun --nproc-per-node {saved})")
+        message = (
+            f"{path!r} holds a run of {saved} process(es) but this group has {size}; resume with "
+            f"the same number of processes (torchrun --nproc-per-node {saved})"
+        )
         return [(False, message)] * size
     out = []
     for entry in ranks:
@@ -87,9 +100,10 @@ def load_group(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoi
     if not ok:
         raise CheckpointError(payload)
     if map_location is not None:
-        payload = Checkpoint(*tree_map(lambda leaf: leaf.to(map_location) if isinstance(leaf, torch.Tensor)
-                                       else leaf, tuple(payload)))
+        payload = Checkpoint(
+            *tree_map(lambda leaf: leaf.to(map_location) if isinstance(leaf, torch.Tensor) else leaf, tuple(payload))
+        )
     return payload
 
 
-__all__ = ["save_group", "load_group"]
+__all__ = ["load_group", "save_group"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,8 +33,16 @@ class GroupError(RuntimeError):
     passed a group check (None before the first check).
     """
 
-    def __init__(self, message: str, *, reason: str, ranks: Sequence[int] = (), step: int | None = None,
-                 state: Any = None, history: Any = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        ranks: Sequence[int] = (),
+        step: int | None = None,
+        state: Any = None,
+        history: Any = None,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.ranks = tuple(ranks)
@@ -90,8 +99,9 @@ def local_device() -> torch.device:
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def init_process_group(backend: str | None = None, *, device: torch.device | str | None = None,
-                       timeout: float = DEFAULT_TIMEOUT) -> bool:
+def init_process_group(
+    backend: str | None = None, *, device: torch.device | str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> bool:
     """Join the process group that torchrun describes in RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 
     ``timeout`` (seconds) bounds the rendezvous and every later collective, so a
@@ -109,20 +119,29 @@ def init_process_group(backend: str | None = None, *, device: torch.device | str
         return False
     missing = [name for name in _ENV if name not in os.environ]
     if missing:
-        raise ValueError(f"the environment describes a process group only in part: {', '.join(missing)} "
-                         f"missing; launch with torchrun, or set all of {', '.join(_ENV)}")
+        raise ValueError(
+            f"the environment describes a process group only in part: {', '.join(missing)} "
+            f"missing; launch with torchrun, or set all of {', '.join(_ENV)}"
+        )
     try:
         r, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except ValueError as error:
-        raise ValueError(f"RANK and WORLD_SIZE must be integers, got RANK={os.environ['RANK']!r}, "
-                         f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}") from error
+        raise ValueError(
+            f"RANK and WORLD_SIZE must be integers, got RANK={os.environ['RANK']!r}, "
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}"
+        ) from error
     if not 0 <= r < size:
         raise ValueError(f"need 0 <= RANK < WORLD_SIZE, got RANK={r}, WORLD_SIZE={size}")
     if device is not None and torch.device(device).type == "cuda":
         device = torch.device(device)
         torch.cuda.set_device(device if device.index is not None else int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend=backend or backend_for(device), init_method="env://", rank=r,
-                            world_size=size, timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group(
+        backend=backend or backend_for(device),
+        init_method="env://",
+        rank=r,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
     return True
 
 
@@ -149,8 +168,10 @@ def destroy_process_group(*, wait: float | None = None) -> None:
 def require_group() -> None:
     """Refuse a torchrun environment (WORLD_SIZE > 1) in which this process has not joined the group."""
     if world_size() > 1 and not is_initialized():
-        raise ValueError(f"WORLD_SIZE is {world_size()} but this process has not joined the group: call "
-                         f"fwdtrain.distributed.init_process_group() first (each rank would train alone)")
+        raise ValueError(
+            f"WORLD_SIZE is {world_size()} but this process has not joined the group: call "
+            f"fwdtrain.distributed.init_process_group() first (each rank would train alone)"
+        )
 
 
 def all_reduce(tensor: torch.Tensor, what: str, step: int | None = None, state: Any = None) -> None:
@@ -161,7 +182,10 @@ def all_reduce(tensor: torch.Tensor, what: str, step: int | None = None, state: 
         raise GroupError(
             f"rank {rank()}: the all_reduce of {what} failed; another rank has probably failed, exited or "
             f"hung past the process group's timeout. Check the other ranks' output. ({error})",
-            reason="lost", step=step, state=state) from error
+            reason="lost",
+            step=step,
+            state=state,
+        ) from error
 
 
 def broadcast(tree: Any, src: int = 0) -> Any:
@@ -183,11 +207,12 @@ def group_mean(tree: Any, weight: float | None = None, *, what: str = "a group m
         return tree
     parts = leaves(tree)
     w = 1.0 if weight is None else float(weight)
-    flat = torch.cat([part.reshape(-1) * w for part in parts]
-                     + [torch.full((1,), w, dtype=parts[0].dtype, device=parts[0].device)])
+    flat = torch.cat(
+        [part.reshape(-1) * w for part in parts] + [torch.full((1,), w, dtype=parts[0].dtype, device=parts[0].device)]
+    )
     all_reduce(flat, what)
     values = (flat[:-1] / flat[-1]).split([part.numel() for part in parts])
-    means = iter(value.reshape(part.shape).to(part.dtype) for value, part in zip(values, parts))
+    means = iter(value.reshape(part.shape).to(part.dtype) for value, part in zip(values, parts, strict=True))
     return tree_map(lambda _: next(means), tree)
 
 
@@ -210,6 +235,7 @@ def gather_to_main(obj: Any) -> list[Any] | None:
 def scatter_from_main(objects: list[Any] | None) -> Any:
     """Rank r's entry of rank 0's list ``objects`` (ignored elsewhere); ``objects[0]`` without a group."""
     if not is_initialized():
+        assert objects is not None
         return objects[0]
     out = [None]
     try:
@@ -219,6 +245,22 @@ def scatter_from_main(objects: list[Any] | None) -> Any:
     return out[0]
 
 
-__all__ = ["DEFAULT_TIMEOUT", "GroupError", "is_initialized", "rank", "world_size", "is_main", "print_main",
-           "backend_for", "local_device", "init_process_group", "destroy_process_group", "require_group",
-           "all_reduce", "broadcast", "group_mean", "gather_to_main", "scatter_from_main"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "GroupError",
+    "all_reduce",
+    "backend_for",
+    "broadcast",
+    "destroy_process_group",
+    "gather_to_main",
+    "group_mean",
+    "init_process_group",
+    "is_initialized",
+    "is_main",
+    "local_device",
+    "print_main",
+    "rank",
+    "require_group",
+    "scatter_from_main",
+    "world_size",
+]

@@ -37,8 +37,9 @@ class GroupHook(Hook):
 
     reduces_gradient = True
 
-    def __init__(self, weight: float, *, every: int = 1, start: int = 0, verbose: bool = False,
-                 report_every: int | None = None) -> None:
+    def __init__(
+        self, weight: float, *, every: int = 1, start: int = 0, verbose: bool = False, report_every: int | None = None
+    ) -> None:
         self.gradient = GradientMean(every, weight=weight, start=start)
         self.weight, self.verbose = weight, verbose
         self.every = report_every if verbose else None
@@ -57,8 +58,11 @@ class GroupHook(Hook):
         ``at``); on ``GroupError`` the last agreed state and history go with it."""
         carry, (good, noise) = loop.carry, loop.good
         assert self.last is not None
-        state, n, cost, steps = ((carry.state, carry.n, carry.total - self.last[1], carry.n - self.last[0])
-                                 if at is None else (good.state, at, 0.0, 0))
+        state, n, cost, steps = (
+            (carry.state, carry.n, carry.total - self.last[1], carry.n - self.last[0])
+            if at is None
+            else (good.state, at, 0.0, 0)
+        )
         try:
             status = check_group(state, n, code=code, cost=cost, cost_steps=steps, last_good=good.state)
         except GroupError as stop:
@@ -81,8 +85,10 @@ class GroupHook(Hook):
     def at(self, loop: Loop) -> None:
         carry = loop.carry
         norm = float(squared_norm(carry.info.gradient).sqrt()) if carry.info is not None else float("nan")
-        print_main(f"step {carry.n:>8d}  t {float(carry.state.t.amax()):10.3f}  cost {self.cost:.5f}  "
-                   f"|G| {norm:.3e}  ranks {world_size()}")
+        print_main(
+            f"step {carry.n:>8d}  t {float(carry.state.t.amax()):10.3f}  cost {self.cost:.5f}  "
+            f"|G| {norm:.3e}  ranks {world_size()}"
+        )
 
     def failed(self, loop: Loop, error: BaseException) -> None:
         if isinstance(error, GroupError):

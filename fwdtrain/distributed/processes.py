@@ -11,8 +11,9 @@ import pickle
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from queue import Empty
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -38,10 +39,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(fn: Callable[..., Any], r: int, size: int, port: int, args: tuple, queue: Any,
-           backend: str | None, timeout: float) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(size),
-                      LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(size))
+def _child(
+    fn: Callable[..., Any], r: int, size: int, port: int, args: tuple, queue: Any, backend: str | None, timeout: float
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(r),
+        WORLD_SIZE=str(size),
+        LOCAL_RANK=str(r),
+        LOCAL_WORLD_SIZE=str(size),
+    )
     try:
         init_process_group(backend, device=local_device() if torch.cuda.is_available() else None, timeout=timeout)
         # plain pickle: tensors by value (torch's ForkingPickler would share memory owned by this process)
@@ -52,8 +60,15 @@ def _child(fn: Callable[..., Any], r: int, size: int, port: int, args: tuple, qu
         destroy_process_group()
 
 
-def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout: float = 120.0,
-           group_timeout: float = 30.0, backend: str | None = None) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    *,
+    timeout: float = 120.0,
+    group_timeout: float = 30.0,
+    backend: str | None = None,
+) -> list[Any]:
     """Run ``fn(*args)`` in ``world_size`` local processes joined into one process group.
 
     The processes rendezvous on 127.0.0.1 at a free port through the same
@@ -73,8 +88,12 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout
         context.set_forkserver_preload(["torch", "torch._dynamo", "fwdtrain"])  # torch.func imports dynamo
     queue = context.Queue()
     port = _free_port()
-    processes = [context.Process(target=_child, args=(fn, r, size, port, args, queue, backend, group_timeout),
-                                 daemon=True) for r in range(size)]
+    processes = [
+        context.Process(  # type: ignore[attr-defined]  # every start method's context has Process
+            target=_child, args=(fn, r, size, port, args, queue, backend, group_timeout), daemon=True
+        )
+        for r in range(size)
+    ]
     for process in processes:
         process.start()
     deadline = time.monotonic() + timeout
@@ -90,8 +109,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout
                     errors[r] = payload
             except Empty:  # look for ranks that died without a word
                 for r, process in enumerate(processes):
-                    if (process.exitcode is not None and r not in results and r not in errors
-                            and queue.empty()):
+                    if process.exitcode is not None and r not in results and r not in errors and queue.empty():
                         errors[r] = f"exited with code {process.exitcode} without a result"
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))

@@ -45,13 +45,16 @@ class GradientMean:
 
     def __init__(self, every: int = 1, *, weight: float | None = None, start: int = 0) -> None:
         self.every = _checks.check_count(every, "every")
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
-                                   or not math.isfinite(weight) or weight <= 0):
+        if weight is not None and (
+            isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0
+        ):
             raise ValueError(f"weight must be a positive number (this rank's particle count) or None, got {weight!r}")
         start = _checks.check_count(start, "start", minimum=0)
         if start % self.every:
-            raise ValueError(f"start must be a multiple of every={self.every} (a gradient window cannot be "
-                             f"resumed half-way), got {start}")
+            raise ValueError(
+                f"start must be a multiple of every={self.every} (a gradient window cannot be "
+                f"resumed half-way), got {start}"
+            )
         self.weight = weight
         self.calls = start
         self.collectives = 0

@@ -28,4 +28,4 @@ def rank_generator(seed: int, device: torch.device | str = "cpu", rank: int | No
     return torch.Generator(device=device).manual_seed(rank_seed(seed, rank))
 
 
-__all__ = ["rank_seed", "rank_generator"]
+__all__ = ["rank_generator", "rank_seed"]

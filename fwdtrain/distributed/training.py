@@ -25,15 +25,27 @@ def _group_checkpoints(hooks: tuple, every: int) -> tuple:
     for hook in hooks:
         if isinstance(hook, Checkpointing):
             if hook.every is not None and hook.every % every:
-                raise ValueError(f"Checkpointing(every={hook.every}) must be a multiple of every={every} (a gradient "
-                                 f"window cannot be saved half-way)")
+                raise ValueError(
+                    f"Checkpointing(every={hook.every}) must be a multiple of every={every} (a gradient "
+                    f"window cannot be saved half-way)"
+                )
             hook = Checkpointing(hook.path, hook.every, hook.metadata, save=save_group)
         out.append(hook)
     return tuple(out)
 
 
-def distributed_run(problem: Any, start: Any, steps: int, dt: float, lr: Any, seed: int = 0, *, every: int = 1,
-                    verbose: bool = False, **options: Any) -> Run:
+def distributed_run(
+    problem: Any,
+    start: Any,
+    steps: int,
+    dt: float,
+    lr: Any,
+    seed: int = 0,
+    *,
+    every: int = 1,
+    verbose: bool = False,
+    **options: Any,
+) -> Run:
     """``fwdtrain.run`` for this rank's particles with the group's theta; every rank calls it alike.
 
     Each rank passes its own ``start`` (its N_r particles, the same theta) and the same other arguments. Rank
@@ -62,7 +74,7 @@ def distributed_run(problem: Any, start: Any, steps: int, dt: float, lr: Any, se
     except Exception as error:  # bad input on this rank: it joins the first agreement as failed
         try:
             check_group(state, first, code=FAILED)
-        except Exception:  # noqa: BLE001 - the GroupError of the agreement, or a state too broken to report
+        except Exception:
             pass
         raise error
     try:

@@ -16,6 +16,23 @@ from .loop import Loop
 from .options import Checks, SaveAt
 from .runner import Run, execute, run, setup
 
-__all__ = ["run", "Run", "setup", "execute", "SaveAt", "Checks", "Hook", "Callback", "GradientHook", "Progress",
-           "Checkpointing", "Loop", "Checkpoint", "save", "load", "check_compatible", "stationary_cost",
-           "CostEstimate"]
+__all__ = [
+    "Callback",
+    "Checkpoint",
+    "Checkpointing",
+    "Checks",
+    "CostEstimate",
+    "GradientHook",
+    "Hook",
+    "Loop",
+    "Progress",
+    "Run",
+    "SaveAt",
+    "check_compatible",
+    "execute",
+    "load",
+    "run",
+    "save",
+    "setup",
+    "stationary_cost",
+]

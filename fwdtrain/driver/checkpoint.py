@@ -44,8 +44,9 @@ class Checkpoint(NamedTuple):
 # NamedTuples a checkpoint may hold (the optimiser states and the running average of a State):
 # saved as {TAG: name, "fields": {...}} (weights_only loading takes plain containers only), restored by name.
 TAG = "__namedtuple__"
-_NAMED: dict[str, type] = {cls.__name__: cls for cls in (optim.EmptyState, optim.MomentumState, optim.AdamState,
-                                                         optim.RmsState, optim.Average)}
+_NAMED: dict[str, type] = {
+    cls.__name__: cls for cls in (optim.EmptyState, optim.MomentumState, optim.AdamState, optim.RmsState, optim.Average)
+}
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -54,10 +55,12 @@ def _plain(value: Any, where: str) -> Any:
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         name = type(value).__name__
         if _NAMED.get(name) is not type(value):
-            raise TypeError(f"checkpoint: {where} is a {name}; a checkpoint holds the NamedTuples of "
-                            f"fwdtrain.optim ({', '.join(_NAMED)}) and otherwise only tensors, numbers, strings "
-                            f"and (nested) dicts, lists and tuples of them: keep a rule's state of your own in those")
-        return {TAG: name, "fields": _plain(value._asdict(), where)}
+            raise TypeError(
+                f"checkpoint: {where} is a {name}; a checkpoint holds the NamedTuples of "
+                f"fwdtrain.optim ({', '.join(_NAMED)}) and otherwise only tensors, numbers, strings "
+                f"and (nested) dicts, lists and tuples of them: keep a rule's state of your own in those"
+            )
+        return {TAG: name, "fields": _plain(value._asdict(), where)}  # type: ignore[attr-defined]
     if isinstance(value, torch.Tensor):
         return value.detach()
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -69,8 +72,10 @@ def _plain(value: Any, where: str) -> Any:
         return {key: _plain(item, f"{where}[{key!r}]") for key, item in value.items()}
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_plain(item, f"{where}[{i}]") for i, item in enumerate(value))
-    raise TypeError(f"checkpoint: {where} is a {type(value).__name__}; a checkpoint holds only tensors, numbers, "
-                    f"strings and (nested) dicts, lists and tuples of them")
+    raise TypeError(
+        f"checkpoint: {where} is a {type(value).__name__}; a checkpoint holds only tensors, numbers, "
+        f"strings and (nested) dicts, lists and tuples of them"
+    )
 
 
 def _digest(value: Any) -> str:
@@ -98,8 +103,9 @@ def _digest(value: Any) -> str:
     return h.hexdigest()
 
 
-def save(path: str | os.PathLike, state: State, history: History | None = None, *,
-         metadata: dict | None = None) -> None:
+def save(
+    path: str | os.PathLike, state: State, history: History | None = None, *, metadata: dict | None = None
+) -> None:
     """Write ``state``, ``history`` (its records and noise position) and ``metadata`` to ``path``, atomically.
 
     Temporary files that an earlier save to the same ``path`` left behind (a process killed
@@ -113,8 +119,10 @@ def save(path: str | os.PathLike, state: State, history: History | None = None, 
         raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__}")
     for key in metadata or {}:
         if not isinstance(key, str):
-            raise TypeError(f"checkpoint: metadata has a key {key!r} of type {type(key).__name__}; "
-                            f"top-level metadata keys must be str")
+            raise TypeError(
+                f"checkpoint: metadata has a key {key!r} of type {type(key).__name__}; "
+                f"top-level metadata keys must be str"
+            )
     content = {
         "state": _plain(state._asdict(), "state"),
         "history": None if history is None else _plain(history._asdict(), "history"),
@@ -191,6 +199,7 @@ def _fields(value: Any, where: str, required: tuple[str, ...], optional: tuple[s
 
 def _tree(value: Any, where: str) -> list[tuple[str, Any]]:
     """The leaves of a pytree of tensors (dicts with str keys, lists, tuples), with their paths."""
+
     def walk(v: Any, at: str) -> list[tuple[str, Any]]:
         if isinstance(v, dict):
             for key in v:
@@ -200,6 +209,7 @@ def _tree(value: Any, where: str) -> list[tuple[str, Any]]:
         if type(v) in (list, tuple):
             return [leaf for i, item in enumerate(v) for leaf in walk(item, f"{at}[{i}]")]
         return [(at, _tensor(v, at))]
+
     return walk(value, where)
 
 
@@ -210,8 +220,9 @@ def _restore(value: Any, where: str) -> Any:
         cls = _NAMED.get(tagged[TAG]) if isinstance(tagged[TAG], str) else None
         if cls is None:
             raise _Invalid(f"{where} is a {tagged[TAG]!r:.40}, not one of {sorted(_NAMED)}")
-        inner = _fields(tagged["fields"], f"{where}['fields']", cls._fields)
-        return cls(**{key: _restore(inner[key], f"{where}.{key}") for key in cls._fields})
+        names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        inner = _fields(tagged["fields"], f"{where}['fields']", names)
+        return cls(**{key: _restore(inner[key], f"{where}.{key}") for key in names})
     if isinstance(value, dict):
         return {key: _restore(item, f"{where}[{key!r}]") for key, item in value.items()}
     if type(value) in (list, tuple):
@@ -224,7 +235,7 @@ def _check_training(state: dict) -> dict:
     state = dict(state)
     for name in ("opt_state", "average"):
         value = _restore(state.get(name, ()), f"state[{name!r}]")
-        for path, leaf in zip(*optree.tree_flatten_with_path(value)[:2]):
+        for path, leaf in zip(*optree.tree_flatten_with_path(value)[:2], strict=True):
             _tensor(leaf, f"state[{name!r}]" + "".join(f"[{key!r}]" for key in path))
         state[name] = value
     optim.check_average(state["average"], state["theta"], "state['average']")
@@ -252,17 +263,19 @@ def _check_state(state: Any) -> State:
     _tree(state["x_tilde"], "state['x_tilde']")
     if optree.tree_structure(state["theta"]) != optree.tree_structure(state["x_tilde"]):
         raise _Invalid("state['x_tilde'] does not have the structure of state['theta']")
-    for (at, leaf), (at_tilde, sensitivity) in zip(leaves_with_paths(state["theta"]),
-                                                  leaves_with_paths(state["x_tilde"])):
+    for (at, leaf), (at_tilde, sensitivity) in zip(
+        leaves_with_paths(state["theta"]), leaves_with_paths(state["x_tilde"]), strict=True
+    ):
         at, at_tilde = "state['theta']" + at, "state['x_tilde']" + at_tilde
         if leaf.dtype != x.dtype or sensitivity.dtype != x.dtype:
             raise _Invalid(f"{at} or {at_tilde} does not have the dtype {x.dtype} of state['x']")
-        if tuple(leaf.shape[:len(members)]) != members:
+        if tuple(leaf.shape[: len(members)]) != members:
             raise _Invalid(f"{at} has shape {tuple(leaf.shape)}, expected a leading member axis {members}")
-        expected = (*x.shape, *leaf.shape[len(members):])
+        expected = (*x.shape, *leaf.shape[len(members) :])
         if tuple(sensitivity.shape) != expected:
-            raise _Invalid(f"{at_tilde} has shape {tuple(sensitivity.shape)}, expected {expected} "
-                           f"(particles, d, *shape of {at})")
+            raise _Invalid(
+                f"{at_tilde} has shape {tuple(sensitivity.shape)}, expected {expected} (particles, d, *shape of {at})"
+            )
     return State(**state)
 
 
@@ -278,15 +291,16 @@ def _check_history(history: Any) -> History | None:
     records = step.shape[0]
     diverged, frozen_at = history.get("diverged"), history.get("frozen_at")
     if (diverged is None) != (frozen_at is None):
-        raise _Invalid("history['diverged'] and history['frozen_at'] must be given together (an ensemble's) "
-                       "or not at all")
+        raise _Invalid(
+            "history['diverged'] and history['frozen_at'] must be given together (an ensemble's) or not at all"
+        )
     members = ()
     if diverged is not None:
         diverged = _tensor(diverged, "history['diverged']", ndim=1)
         frozen_at = _tensor(frozen_at, "history['frozen_at']", ndim=1)
         if diverged.dtype != torch.bool or frozen_at.shape != diverged.shape or frozen_at.is_floating_point():
             raise _Invalid("history['diverged'] must be (E,) bool and history['frozen_at'] (E,) integer")
-        members = tuple(diverged.shape)
+        members = tuple(diverged.shape)  # type: ignore[assignment]
     for name in ("t", "cost", "grad_norm", "average_cost"):
         if name == "average_cost" and history.get(name) is None:
             continue
@@ -306,8 +320,9 @@ def _check_history(history: Any) -> History | None:
         if not isinstance(carry, dict) or not all(isinstance(key, str) for key in carry):
             raise _Invalid("history['carry'] must be a dict with str keys")
         noise = carry.get("noise")
-        if noise is not None and not (isinstance(noise, dict) and len(noise) == 1
-                                      and isinstance(next(iter(noise.values())), dict)):
+        if noise is not None and not (
+            isinstance(noise, dict) and len(noise) == 1 and isinstance(next(iter(noise.values())), dict)
+        ):
             raise _Invalid("history['carry']['noise'] must be {kind: state} for one noise source")
     interrupted = history.get("interrupted")
     if interrupted is not None:
@@ -333,12 +348,15 @@ def _read(path: str, map_location: Any) -> Any:
     except pickle.UnpicklingError as error:
         raise CheckpointError(
             f"{path!r} was refused by weights_only loading: it holds objects other than tensors and plain "
-            f"containers, or it is corrupt. It is not a readable fwdtrain checkpoint: {str(error)[:200]}") from None
+            f"containers, or it is corrupt. It is not a readable fwdtrain checkpoint: {str(error)[:200]}"
+        ) from None
     except MemoryError:
         raise CheckpointError(f"{path!r} is corrupt: reading it asked for more memory than there is") from None
-    except Exception as error:  # noqa: BLE001 - a damaged zip or pickle fails in many ways inside torch
-        raise CheckpointError(f"{path!r} is truncated or corrupt and cannot be read "
-                              f"({type(error).__name__}: {str(error)[:200]}); use an intact copy") from None
+    except Exception as error:
+        raise CheckpointError(
+            f"{path!r} is truncated or corrupt and cannot be read "
+            f"({type(error).__name__}: {str(error)[:200]}); use an intact copy"
+        ) from None
 
 
 def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
@@ -357,22 +375,26 @@ def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
     if not isinstance(payload, dict) or not _equal(payload.get("format"), FORMAT):
         raise CheckpointError(f"{path!r} is not a fwdtrain checkpoint (no {FORMAT!r} header)")
     if not _equal(payload.get("version"), VERSION):
-        raise CheckpointError(f"{path!r} has checkpoint version {payload.get('version')!r:.40}; "
-                              f"this fwdtrain reads version {VERSION}")
+        raise CheckpointError(
+            f"{path!r} has checkpoint version {payload.get('version')!r:.40}; this fwdtrain reads version {VERSION}"
+        )
     content, digest = payload.get("content"), payload.get("digest")
     try:
         intact = isinstance(content, dict) and isinstance(digest, str) and _digest(content) == digest
-    except Exception:  # noqa: BLE001 - contents that cannot even be hashed are not intact
+    except Exception:
         intact = False
     if not intact:
         raise CheckpointError(f"{path!r} is corrupt: its contents do not match the digest written with them")
     try:
         content = _fields(content, "the contents", ("state", "history", "metadata"))
-        return Checkpoint(_check_state(content["state"]), _check_history(content["history"]),
-                          _check_metadata(content["metadata"]))
-    except Exception as error:  # noqa: BLE001 - _Invalid, or anything a malformed structure raises
-        raise CheckpointError(f"{path!r} is not a valid fwdtrain checkpoint: {error}. It was not written by "
-                              f"fwdtrain.save (version {VERSION}) or was edited afterwards") from None
+        return Checkpoint(
+            _check_state(content["state"]), _check_history(content["history"]), _check_metadata(content["metadata"])
+        )
+    except Exception as error:
+        raise CheckpointError(
+            f"{path!r} is not a valid fwdtrain checkpoint: {error}. It was not written by "
+            f"fwdtrain.save (version {VERSION}) or was edited afterwards"
+        ) from None
 
 
 def _equal(value: Any, expected: str | int) -> bool:
@@ -380,8 +402,9 @@ def _equal(value: Any, expected: str | int) -> bool:
     return type(value) is type(expected) and value == expected
 
 
-def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.Tensor | None = None,
-                     name: str = "the problem") -> None:
+def check_compatible(
+    checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.Tensor | None = None, name: str = "the problem"
+) -> None:
     """Raise ``CheckpointError`` unless the checkpoint's theta has the structure, shapes and dtype of ``theta``.
 
     ``theta`` is the problem's parameter pytree (e.g. ``model.theta``); with ``x0`` the
@@ -398,12 +421,21 @@ def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.
     if missing or extra:
         raise CheckpointError(
             f"the checkpoint's theta does not fit {name}: "
-            + "; ".join(part for part in (missing and f"{name} has {', '.join(missing)} that the checkpoint lacks",
-                                          extra and f"the checkpoint has {', '.join(extra)} that {name} lacks") if part)
-            + ". It was saved for another problem or model; resume it with the problem it was written for")
+            + "; ".join(
+                part
+                for part in (
+                    missing and f"{name} has {', '.join(missing)} that the checkpoint lacks",
+                    extra and f"the checkpoint has {', '.join(extra)} that {name} lacks",
+                )
+                if part
+            )
+            + ". It was saved for another problem or model; resume it with the problem it was written for"
+        )
     if optree.tree_structure(state.theta) != optree.tree_structure(theta):
-        raise CheckpointError(f"the checkpoint's theta has the structure {optree.tree_structure(state.theta)}, "
-                              f"{name} has {optree.tree_structure(theta)}; resume it with the problem it was written for")
+        raise CheckpointError(
+            f"the checkpoint's theta has the structure {optree.tree_structure(state.theta)}, "
+            f"{name} has {optree.tree_structure(theta)}; resume it with the problem it was written for"
+        )
     for path, leaf in wanted.items():
         got = saved[path]
         if not isinstance(leaf, torch.Tensor):
@@ -412,13 +444,16 @@ def check_compatible(checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.
             raise CheckpointError(
                 f"the checkpoint's theta{path} is {tuple(got.shape)} {got.dtype} but {name} has "
                 f"{tuple(leaf.shape)} {leaf.dtype}: it was saved for another model size or dtype; "
-                f"use the same settings (e.g. --hidden, --dtype) as the run that wrote it")
+                f"use the same settings (e.g. --hidden, --dtype) as the run that wrote it"
+            )
     if x0 is not None:
         d = x0.shape[-1] if x0.ndim else 0
         if state.x.shape[1] != d or state.x.dtype != x0.dtype:
-            raise CheckpointError(f"the checkpoint's particles are {tuple(state.x.shape)} {state.x.dtype} but "
-                                  f"{name}'s x0 has dimension d = {d} and dtype {x0.dtype}; resume it with the "
-                                  f"problem it was written for")
+            raise CheckpointError(
+                f"the checkpoint's particles are {tuple(state.x.shape)} {state.x.dtype} but "
+                f"{name}'s x0 has dimension d = {d} and dtype {x0.dtype}; resume it with the "
+                f"problem it was written for"
+            )
 
 
-__all__ = ["Checkpoint", "save", "load", "check_compatible", "CheckpointError"]
+__all__ = ["Checkpoint", "CheckpointError", "check_compatible", "load", "save"]

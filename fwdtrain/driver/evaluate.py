@@ -39,14 +39,23 @@ def _refuse_transformed(tensors: Any) -> None:
     for leaf in leaves(tensors):
         kind = _checks.transform_of(leaf)
         if kind is not None:
-            raise TypeError(f"stationary_cost cannot run inside torch.func.{kind}: it returns Python floats, "
-                            f"so its dependence on theta would be lost. Inside a transform call "
-                            f"fwdtrain.core.evaluate.average_cost(sde, theta, x0, dw, dt, burn_in), which takes the "
-                            f"Brownian increments dw (steps, particles, m) and returns a tensor")
+            raise TypeError(
+                f"stationary_cost cannot run inside torch.func.{kind}: it returns Python floats, "
+                f"so its dependence on theta would be lost. Inside a transform call "
+                f"fwdtrain.core.evaluate.average_cost(sde, theta, x0, dw, dt, burn_in), which takes the "
+                f"Brownian increments dw (steps, particles, m) and returns a tensor"
+            )
 
 
-def _noise_block(generator: torch.Generator, count: int, length: int, shape: tuple[int, int], dtype: torch.dtype,
-                 device: torch.device, dt: float) -> torch.Tensor:
+def _noise_block(
+    generator: torch.Generator,
+    count: int,
+    length: int,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    dt: float,
+) -> torch.Tensor:
     """``count`` increments drawn one step at a time (the stream does not depend on the block length), zero-padded
     to ``length`` rows."""
     rows = [torch.randn(shape, generator=generator, dtype=dtype, device=device) * math.sqrt(dt) for _ in range(count)]
@@ -77,9 +86,19 @@ class _Chooser:
                     self.kernel = kernel
 
 
-def stationary_cost(sde: SDE, theta: Theta, x0: torch.Tensor, *, particles: int = 1000, dt: float = 0.01,
-                    steps: int = 20_000, burn_in: int = 2_000, seed: int = 1, solver: Solver | str | None = None,
-                    compile: Any = "auto") -> CostEstimate:
+def stationary_cost(
+    sde: SDE,
+    theta: Theta,
+    x0: torch.Tensor,
+    *,
+    particles: int = 1000,
+    dt: float = 0.01,
+    steps: int = 20_000,
+    burn_in: int = 2_000,
+    seed: int = 1,
+    solver: Solver | str | None = None,
+    compile: Any = "auto",
+) -> CostEstimate:
     """J(theta) ~ (1 / (N (steps - burn_in))) sum_i sum_{n >= burn_in} c(X_n^i, theta), theta frozen.
 
     Simulates X alone (no sensitivity) with ``solver`` (default ``Euler()``) and step ``dt`` from x0 (d,) for
@@ -108,8 +127,9 @@ def stationary_cost(sde: SDE, theta: Theta, x0: torch.Tensor, *, particles: int 
     x = x0.expand(particles, -1).clone()
     total = torch.zeros(particles, dtype=torch.float64, device=device)
 
-    def step(carry: tuple[torch.Tensor, torch.Tensor], inputs: tuple[torch.Tensor, torch.Tensor]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        carry: tuple[torch.Tensor, torch.Tensor], inputs: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x_n, total_n = carry
         dw, counted = inputs
         x_next, cost = frozen_step(sde, theta, x_n, dw, dt, scheme)
@@ -129,9 +149,18 @@ def stationary_cost(sde: SDE, theta: Theta, x0: torch.Tensor, *, particles: int 
                 x, total = step((x, total), (block[i], counted[i]))
                 if n + i == 0:
                     _refuse_transformed(x)  # the SDE closes over a tensor of an enclosing transform
-                chooser.timed(time.perf_counter() - clock, lambda: loop_kernel(
-                    step, (x, total), (block, counted), key=(sde, float(dt), scheme, "frozen"),
-                    options=options._replace(enabled=True), what="the frozen-theta step"), n + i + 1)
+                chooser.timed(
+                    time.perf_counter() - clock,
+                    lambda: loop_kernel(
+                        step,
+                        (x, total),
+                        (block, counted),
+                        key=(sde, float(dt), scheme, "frozen"),
+                        options=options._replace(enabled=True),
+                        what="the frozen-theta step",
+                    ),
+                    n + i + 1,
+                )
                 i += 1
             if i < count and chooser.kernel is not None:
                 x, total = chooser.kernel(count - i, i, (block, counted), (x, total))

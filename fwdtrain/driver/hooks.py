@@ -24,7 +24,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -146,8 +147,12 @@ class Progress(Hook):
         self.shown = progress_enabled(self.enabled) and loop.end > loop.carry.n
         if not self.shown:
             return
-        self.first, self.total, self.last, self.clock = loop.carry.n, loop.end - loop.carry.n, loop.carry.n, \
-            time.perf_counter()
+        self.first, self.total, self.last, self.clock = (
+            loop.carry.n,
+            loop.end - loop.carry.n,
+            loop.carry.n,
+            time.perf_counter(),
+        )
         try:
             from tqdm.auto import tqdm
         except ImportError:
@@ -185,19 +190,24 @@ def probe(path: str | os.PathLike, what: str = "checkpoint") -> None:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise CheckpointError(f"the {what} path {path!r} is a folder; name a file, e.g. "
-                              f"{os.path.join(path, 'run.pt' if what == 'checkpoint' else 'run.png')!r}")
+        raise CheckpointError(
+            f"the {what} path {path!r} is a folder; name a file, e.g. "
+            f"{os.path.join(path, 'run.pt' if what == 'checkpoint' else 'run.png')!r}"
+        )
     if not os.path.isdir(folder):
         state = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
-        raise CheckpointError(f"cannot write the {what} {path!r}: its folder {folder!r} {state}; "
-                              f"create the folder or choose another path")
+        raise CheckpointError(
+            f"cannot write the {what} {path!r}: its folder {folder!r} {state}; create the folder or choose another path"
+        )
     try:
         fd, trial = tempfile.mkstemp(prefix=".probe-" + os.path.basename(path) + "-", dir=folder)
         os.close(fd)
         os.unlink(trial)
     except OSError as error:
-        raise CheckpointError(f"cannot write the {what} {path!r}: the folder {folder!r} is not writable "
-                              f"({error.strerror or error}); choose another path") from None
+        raise CheckpointError(
+            f"cannot write the {what} {path!r}: the folder {folder!r} is not writable "
+            f"({error.strerror or error}); choose another path"
+        ) from None
 
 
 Saver = Callable[..., None]  # save(path, state, history, metadata=...)
@@ -211,8 +221,14 @@ class Checkpointing(Hook):
 
     needs_record = True
 
-    def __init__(self, path: str | os.PathLike, every: int | None = None, metadata: dict | None = None, *,
-                 save: Saver | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        every: int | None = None,
+        metadata: dict | None = None,
+        *,
+        save: Saver | None = None,
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"Checkpointing(path, ...) needs a file path, got {type(path).__name__}")
         if metadata is not None and not isinstance(metadata, dict):
@@ -238,7 +254,11 @@ class Checkpointing(Hook):
             path = os.fspath(self.path)
             raise CheckpointWriteError(
                 f"could not save the checkpoint {path!r}: {error.strerror or error}; the run's state and history "
-                f"are in this error's .state and .history", path=path, state=state, history=history) from None
+                f"are in this error's .state and .history",
+                path=path,
+                state=state,
+                history=history,
+            ) from None
 
     def __repr__(self) -> str:
         return f"Checkpointing({os.fspath(self.path)!r}, every={self.every})"
@@ -251,9 +271,11 @@ def check_hooks(hooks: Any) -> tuple[Hook, ...]:
     if isinstance(hooks, Hook):
         hooks = (hooks,)
     if not isinstance(hooks, (tuple, list)) or not all(isinstance(h, Hook) for h in hooks):
-        raise TypeError(f"hooks must be a tuple of fwdtrain hooks (fwdtrain.Progress(), fwdtrain.Checkpointing(path), "
-                        f"fwdtrain.driver.Callback(fn, every), ...), got {hooks!r:.200}")
+        raise TypeError(
+            f"hooks must be a tuple of fwdtrain hooks (fwdtrain.Progress(), fwdtrain.Checkpointing(path), "
+            f"fwdtrain.driver.Callback(fn, every), ...), got {hooks!r:.200}"
+        )
     return tuple(hooks)
 
 
-__all__ = ["Hook", "Callback", "GradientHook", "Progress", "Checkpointing", "probe", "progress_enabled", "check_hooks"]
+__all__ = ["Callback", "Checkpointing", "GradientHook", "Hook", "Progress", "check_hooks", "probe", "progress_enabled"]

@@ -1,16 +1,16 @@
 """0.2's keywords of ``run``, accepted for one release (0.3) with a ``DeprecationWarning`` naming their 0.3 form.
 
-    seed=s                          noise=s
-    history=h                       start=(state, h)  (or the Run / Checkpoint itself)
-    record_every=k, record=f        save=SaveAt(every=k, record=f)
-    check_every=k, bound=b          checks=Checks(every=k, bound=b)
-    callback=f, callback_every=k    hooks=(Callback(f, every=k),)
-    progress=p, progress_every=k    hooks=(Progress(every=k, enabled=p),)
-    checkpoint=path | Checkpointing hooks=(Checkpointing(path, every, metadata),)
-    reduce=f                        hooks=(GradientHook(f),)
-    mode=m                          solver=Euler(mode=m)
-    chunk=c                         compile=Compile(chunk=c)
-    fuse=K                          compile=True (every run of steps between two events is one compiled call)
+seed=s                          noise=s
+history=h                       start=(state, h)  (or the Run / Checkpoint itself)
+record_every=k, record=f        save=SaveAt(every=k, record=f)
+check_every=k, bound=b          checks=Checks(every=k, bound=b)
+callback=f, callback_every=k    hooks=(Callback(f, every=k),)
+progress=p, progress_every=k    hooks=(Progress(every=k, enabled=p),)
+checkpoint=path | Checkpointing hooks=(Checkpointing(path, every, metadata),)
+reduce=f                        hooks=(GradientHook(f),)
+mode=m                          solver=Euler(mode=m)
+chunk=c                         compile=Compile(chunk=c)
+fuse=K                          compile=True (every run of steps between two events is one compiled call)
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import dataclasses
 import functools
 import os
 import warnings
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..compile.options import as_compile
 from ..core.solvers import as_solver
@@ -27,22 +28,37 @@ from .hooks import Callback, Checkpointing, GradientHook, Progress
 from .options import Checks, SaveAt
 
 F = TypeVar("F", bound=Callable[..., Any])
-OLD = ("seed", "history", "record_every", "record", "check_every", "bound", "callback", "callback_every", "progress",
-       "progress_every", "checkpoint", "reduce", "mode", "chunk", "fuse")
+OLD = (
+    "seed",
+    "history",
+    "record_every",
+    "record",
+    "check_every",
+    "bound",
+    "callback",
+    "callback_every",
+    "progress",
+    "progress_every",
+    "checkpoint",
+    "reduce",
+    "mode",
+    "chunk",
+    "fuse",
+)
 
 
 def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple[tuple, dict[str, Any], list[str]]:
     """(args, kwargs) of the 0.3 call for 0.2's keywords ``old``, and the 0.3 forms, for the warning."""
     said: list[str] = []
-    args = list(args)
+    positional = list(args)
     if "seed" in old:
         kwargs.setdefault("noise", old.pop("seed"))
         said.append("seed=s -> noise=s")
     if "history" in old:
         history = old.pop("history")
         if history is not None:
-            if len(args) > 1:
-                args[1] = (args[1], history)
+            if len(positional) > 1:
+                positional[1] = (positional[1], history)
             else:
                 kwargs["start"] = (kwargs["start"], history)
         said.append("history=h -> run(problem, (state, h), ...) or the Run itself")
@@ -52,8 +68,9 @@ def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple
         said.append("record_every=, record= -> save=SaveAt(every=, record=)")
     if "check_every" in old or "bound" in old:
         checks = kwargs.get("checks") or Checks()
-        kwargs["checks"] = checks._replace(every=old.pop("check_every", checks.every),
-                                           bound=old.pop("bound", checks.bound))
+        kwargs["checks"] = checks._replace(
+            every=old.pop("check_every", checks.every), bound=old.pop("bound", checks.bound)
+        )
         said.append("check_every=, bound= -> checks=Checks(every=, bound=)")
     hooks = list(kwargs.get("hooks") or ())
     if "callback" in old:
@@ -93,20 +110,26 @@ def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple
             options = options._replace(enabled=True)
         kwargs["compile"] = options._replace(chunk=old.pop("chunk", options.chunk))
         said.append("chunk=, fuse= -> compile=Compile(chunk=) (fusing is automatic)")
-    return tuple(args), kwargs, said
+    return tuple(positional), kwargs, said
 
 
 def accepts_0_2_keywords(fn: F) -> F:
     """``fn`` that also takes 0.2's keywords of ``run`` (see the module docstring), for one release."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         old = {key: kwargs.pop(key) for key in OLD if key in kwargs}
         if old:
             args, kwargs, said = translate(args, kwargs, old)
-            warnings.warn(f"fwdtrain 0.3: these keywords of {fn.__name__} are deprecated and will be removed in "
-                          f"0.4: {'; '.join(said)}", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"fwdtrain 0.3: these keywords of {fn.__name__} are deprecated and will be removed in "
+                f"0.4: {'; '.join(said)}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return fn(*args, **kwargs)
+
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["accepts_0_2_keywords", "translate", "OLD"]
+__all__ = ["OLD", "accepts_0_2_keywords", "translate"]

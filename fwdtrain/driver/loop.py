@@ -11,7 +11,8 @@ that fails a check is frozen at its last checked state (``Trainable.freeze``) wh
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -39,9 +40,11 @@ def check_learning_rate(schedule: Schedule, t: torch.Tensor, lr: Any) -> None:
         return
     alphas = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
     if alphas.shape not in ((), t.shape):
-        raise ValueError(f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
-                         f"expected one value per member, ({t.shape[0]},)")
-    for t_e, alpha_e in zip(t, alphas.expand(t.shape)):
+        raise ValueError(
+            f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
+            f"expected one value per member, ({t.shape[0]},)"
+        )
+    for t_e, alpha_e in zip(t, alphas.expand(t.shape), strict=True):
         _checks.check_alpha(alpha_e, t_e, lr)
 
 
@@ -51,9 +54,23 @@ class Loop:
     ``carry`` is where it stands; records are kept as they are taken and ``history()`` stacks them.
     """
 
-    def __init__(self, problem: Trainable, stepping: Stepping, stepper: Any, source: Noise, carry: Carry, end: int,
-                 *, save: SaveAt, checks: Checks, hooks: tuple[Hook, ...], previous: History | None,
-                 window: tuple[int, torch.Tensor], chunk: int, lr: Any) -> None:
+    def __init__(
+        self,
+        problem: Trainable,
+        stepping: Stepping,
+        stepper: Any,
+        source: Noise,
+        carry: Carry,
+        end: int,
+        *,
+        save: SaveAt,
+        checks: Checks,
+        hooks: tuple[Hook, ...],
+        previous: History | None,
+        window: tuple[int, torch.Tensor],
+        chunk: int,
+        lr: Any,
+    ) -> None:
         self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
         self.previous, self.window, self.chunk, self.lr = previous, window, chunk, lr
@@ -76,8 +93,10 @@ class Loop:
                 assert previous is not None and previous.frozen_at is not None
                 self.members = (~diverged.to(torch.bool), previous.frozen_at.to(torch.int64))
             else:
-                self.members = (torch.ones_like(flags, dtype=torch.bool),
-                                torch.full(flags.shape, -1, dtype=torch.int64))
+                self.members = (
+                    torch.ones_like(flags, dtype=torch.bool),
+                    torch.full(flags.shape, -1, dtype=torch.int64),
+                )
 
     def set_carry(self, carry: Carry) -> None:
         self.carry = carry
@@ -99,27 +118,43 @@ class Loop:
         grad, average = self.problem.gradient_norm(c.info.gradient), c.total / c.n
         if self.members is not None:  # a frozen member has no cost or gradient after its freeze
             alive = self.members[0]
-            cost, grad, average = (torch.where(alive, value, torch.full_like(value, float("nan")))
-                                   for value in (cost, grad, average))
+            cost, grad, average = (
+                torch.where(alive, value, torch.full_like(value, float("nan"))) for value in (cost, grad, average)
+            )
         values = {"cost": cost, "average_cost": average}
         for hook in self.hooks:
             values = hook.record(values)
         theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
-        self.records.append(Record(c.n, c.state.t, values["cost"], grad, values["average_cost"],
-                                   self.record_state(c.state), theta_average))
+        self.records.append(
+            Record(
+                c.n, c.state.t, values["cost"], grad, values["average_cost"], self.record_state(c.state), theta_average
+            )
+        )
         if c.n % self.save.every == 0:
             self.window = (c.n, c.total)
 
     def history(self, c: Carry | None = None, noise_state: dict | None = None, interrupted: bool = False) -> History:
         """The history up to the last record, continuing from carry ``c`` (default the current one)."""
         c = self.carry if c is None else c
-        carried = {"noise": self.source.state_dict(c.n) if noise_state is None else noise_state,
-                   "cost_total": c.total, "window_start": torch.tensor(self.window[0], dtype=torch.int64),
-                   "window_total": self.window[1]}
+        carried = {
+            "noise": self.source.state_dict(c.n) if noise_state is None else noise_state,
+            "cost_total": c.total,
+            "window_start": torch.tensor(self.window[0], dtype=torch.int64),
+            "window_total": self.window[1],
+        }
         alive, frozen_at = self.members if self.members is not None else (None, None)
-        return build(self.records, self.empty, carry=carried, interrupted=interrupted, dtype=self.dtype,
-                     device=c.state.x.device, previous=self.previous, empty_average=self.empty_average,
-                     diverged=None if alive is None else ~alive, frozen_at=frozen_at)
+        return build(
+            self.records,
+            self.empty,
+            carry=carried,
+            interrupted=interrupted,
+            dtype=self.dtype,
+            device=c.state.x.device,
+            previous=self.previous,
+            empty_average=self.empty_average,
+            diverged=None if alive is None else ~alive,
+            frozen_at=frozen_at,
+        )
 
     # ---- checks ----
     def check(self) -> None:
@@ -144,8 +179,12 @@ class Loop:
                 self.members = (running, frozen_at)
                 raise self.diverged(c.n)
             if not bool(running.all()):  # freeze the failed members (and reset the frozen ones) at the last pass
-                c = Carry(self.problem.freeze(good.state, c.state, running), c.n,
-                          torch.where(running, c.total, good.total), c.info)
+                c = Carry(
+                    self.problem.freeze(good.state, c.state, running),
+                    c.n,
+                    torch.where(running, c.total, good.total),
+                    c.info,
+                )
                 self.carry = c
             self.members = (running, frozen_at)
         self.good = (c, self.source.state_dict(c.n))
@@ -158,9 +197,14 @@ class Loop:
             check_learning_rate(self.stepping.schedule, c.state.t, self.lr)
         except (TypeError, ValueError) as error:
             self.record_now(c)
-            raise DivergenceError(f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
-                                  f"check) with the state reached in error.state", step=c.n, last_finite_step=c.n,
-                                  state=c.state, history=self.history(c, self.good[1])) from error
+            raise DivergenceError(
+                f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
+                f"check) with the state reached in error.state",
+                step=c.n,
+                last_finite_step=c.n,
+                state=c.state,
+                history=self.history(c, self.good[1]),
+            ) from error
 
     def diverged(self, n: int) -> DivergenceError:
         """The error for a failed check at step n, carrying the last state that passed and its history; it
@@ -172,18 +216,27 @@ class Loop:
         dt = float(self.stepping.dt)
         first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
         if culprit is not None:
-            detail = f"x, x_tilde or theta became non-finite{limit} at step {first}: the {culprit} returned NaN or " \
-                     f"inf at the particles of step {first - 1}"
+            detail = (
+                f"x, x_tilde or theta became non-finite{limit} at step {first}: the {culprit} returned NaN or "
+                f"inf at the particles of step {first - 1}"
+            )
         elif first < n:
-            detail = f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem " \
-                     f"was finite at step {first - 1})"
+            detail = (
+                f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem "
+                f"was finite at step {first - 1})"
+            )
         else:
             detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
         what = "the run" if self.members is None else "every member of the ensemble"
         return DivergenceError(
             f"{what} diverged: {detail} (t = {t0 + (first - last.n) * dt:.6g}); the last checked state, of step "
-            f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step", step=first,
-            last_finite_step=last.n, state=last.state, history=self.history(last, noise_state), culprit=culprit)
+            f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step",
+            step=first,
+            last_finite_step=last.n,
+            state=last.state,
+            history=self.history(last, noise_state),
+            culprit=culprit,
+        )
 
     def replay(self, last: Carry, noise_state: dict, n: int) -> tuple[int, str | None]:
         """Step eagerly from the last checked state to the first step whose state fails the check: (that step,
@@ -217,8 +270,14 @@ class Loop:
 
     def _next_event(self, n: int, stop: int) -> int:
         first = self.start + 1 if n < self.start + 1 else sys.maxsize  # one check after the first step
-        return min(_next(n, self.save.every), _next(n, self.checks.every), first,
-                   *(_next(n, hook.every) for hook in self.hooks), self.end, stop)
+        return min(
+            _next(n, self.save.every),
+            _next(n, self.checks.every),
+            first,
+            *(_next(n, hook.every) for hook in self.hooks),
+            self.end,
+            stop,
+        )
 
     def _on_event(self) -> None:
         n = self.carry.n
@@ -278,4 +337,4 @@ def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:
     return None
 
 
-__all__ = ["Loop", "Carry", "check_learning_rate"]
+__all__ = ["Carry", "Loop", "check_learning_rate"]

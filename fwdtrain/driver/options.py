@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ..core import _checks
 
@@ -57,4 +58,4 @@ def check_checks(checks: Any) -> Checks:
     return checks
 
 
-__all__ = ["SaveAt", "Checks", "check_save", "check_checks"]
+__all__ = ["Checks", "SaveAt", "check_checks", "check_save"]

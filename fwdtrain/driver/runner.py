@@ -17,7 +17,7 @@ from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
 from ..core.kernel import GradientReduce, LearningRate
-from ..core.noise import BrownianNoise, FunctionNoise, NoiseLike, TensorNoise
+from ..core.noise import FunctionNoise, NoiseLike, TensorNoise
 from ..core.solvers import Solver
 from ..core.state import State
 from ..optim import GradientTransformation
@@ -49,12 +49,16 @@ def split_start(start: Any) -> tuple[State, History | None]:
         if not isinstance(state, State):
             raise TypeError(f"run(problem, start, ...): start[0] must be a fwdtrain.State, got {type(state).__name__}")
         if history is not None and not isinstance(history, History):
-            raise TypeError(f"run(problem, start, ...): start[1] must be the fwdtrain.History of the run that made "
-                            f"the state, got {type(history).__name__}")
+            raise TypeError(
+                f"run(problem, start, ...): start[1] must be the fwdtrain.History of the run that made "
+                f"the state, got {type(history).__name__}"
+            )
         return state, history
-    raise TypeError(f"run(problem, start, ...) starts from a fwdtrain.State (from fwdtrain.init), or continues a "
-                    f"run: the Run it returned, a Checkpoint from fwdtrain.load, or (state, history); "
-                    f"got {type(start).__name__}")
+    raise TypeError(
+        f"run(problem, start, ...) starts from a fwdtrain.State (from fwdtrain.init), or continues a "
+        f"run: the Run it returned, a Checkpoint from fwdtrain.load, or (state, history); "
+        f"got {type(start).__name__}"
+    )
 
 
 def _continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
@@ -65,8 +69,10 @@ def _continued(history: History | None, state: State) -> tuple[int, torch.Tensor
     if history.carry is None or history.average_cost is None:
         raise ValueError("history has no carry (it was not returned by fwdtrain.run or load); it cannot be continued")
     if not torch.equal(history.t[-1].to(state.t), state.t):
-        raise ValueError(f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
-                         f"continue from the Run (or checkpoint) that holds both")
+        raise ValueError(
+            f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
+            f"continue from the Run (or checkpoint) that holds both"
+        )
     total = history.carry["cost_total"].to(state.x.device)
     window = (int(history.carry["window_start"]), history.carry["window_total"].to(state.x.device))
     return history.steps, total, window
@@ -78,9 +84,14 @@ def _positioned(source: Any, start: int, history: History | None) -> Any:
     if isinstance(source, (TensorNoise, FunctionNoise)):
         source.position = start
     elif source.position != start:
-        raise ValueError(f"the noise source is at step {source.position} but the run starts at step {start}; "
-                         + ("continue from the Run (or checkpoint) that carries its position" if history is not None
-                            else "pass a fresh source (or its state_dict position) for a new run"))
+        raise ValueError(
+            f"the noise source is at step {source.position} but the run starts at step {start}; "
+            + (
+                "continue from the Run (or checkpoint) that carries its position"
+                if history is not None
+                else "pass a fresh source (or its state_dict position) for a new run"
+            )
+        )
     return source
 
 
@@ -94,12 +105,25 @@ def _reduce(hooks: tuple[Hook, ...]) -> GradientReduce | None:
         for hook in reducing:
             gradient = hook.reduce(gradient)
         return gradient
+
     return reduce
 
 
-def setup(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noise: NoiseLike | int = 0, *,
-          solver: Solver | str | None = None, optimizer: GradientTransformation | None = None,
-          save: SaveAt | None = None, checks: Checks | None = None, compile: Any = "auto", hooks: Any = ()) -> Loop:
+def setup(
+    problem: Any,
+    start: Any,
+    steps: int,
+    dt: float,
+    lr: LearningRate,
+    noise: NoiseLike | int = 0,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+    save: SaveAt | None = None,
+    checks: Checks | None = None,
+    compile: Any = "auto",
+    hooks: Any = (),
+) -> Loop:
     """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the start's
     step (0 for a new run) and ending ``steps`` later; the hooks' ``start`` has run. Nothing is stepped."""
     steps = _checks.check_count(steps, "steps", minimum=0)
@@ -122,20 +146,49 @@ def setup(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noi
     mode = "reverse" if options.enabled is not False and not forward_traceable else "auto"
     stepping = Stepping(trainable, dt, trainable.plan(state, mode), schedule, _reduce(hooks))
     example = torch.zeros((options.chunk, *trainable.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
-    stepper = steppers.stepper(stepping._replace(dt=float(dt)) if options.enabled is not False else stepping,
-                               state, example, options, first + steps)
-    loop = Loop(trainable, stepping, stepper, source, Carry(state, first, total, None), first + steps, save=save,
-                checks=checks, hooks=hooks, previous=history, window=window, chunk=options.chunk, lr=lr)
+    stepper = steppers.stepper(
+        stepping._replace(dt=float(dt)) if options.enabled is not False else stepping,
+        state,
+        example,
+        options,
+        first + steps,
+    )
+    loop = Loop(
+        trainable,
+        stepping,
+        stepper,
+        source,
+        Carry(state, first, total, None),
+        first + steps,
+        save=save,
+        checks=checks,
+        hooks=hooks,
+        previous=history,
+        window=window,
+        chunk=options.chunk,
+        lr=lr,
+    )
     for hook in hooks:
         hook.start(loop)
     return loop
 
 
 @accepts_0_2_keywords
-def run(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noise: NoiseLike | int = 0, *,
-        solver: Solver | str | None = None, optimizer: GradientTransformation | None = None,
-        save: SaveAt | None = None, checks: Checks | None = None, compile: Compile | bool | str = "auto",
-        hooks: Hook | tuple[Hook, ...] = ()) -> Run:
+def run(
+    problem: Any,
+    start: Any,
+    steps: int,
+    dt: float,
+    lr: LearningRate,
+    noise: NoiseLike | int = 0,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+    save: SaveAt | None = None,
+    checks: Checks | None = None,
+    compile: Compile | bool | str = "auto",
+    hooks: Hook | tuple[Hook, ...] = (),
+) -> Run:
     """Train ``problem`` online for ``steps`` steps of size ``dt`` from ``start``: X, Xtilde and theta together.
 
     Args:
@@ -178,8 +231,22 @@ def run(problem: Any, start: Any, steps: int, dt: float, lr: LearningRate, noise
     On KeyboardInterrupt the last completed step is returned with ``history.interrupted`` True (and written
     by a ``Checkpointing`` hook).
     """
-    return execute(setup(problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, save=save,
-                         checks=checks, compile=compile, hooks=hooks))
+    return execute(
+        setup(
+            problem,
+            start,
+            steps,
+            dt,
+            lr,
+            noise,
+            solver=solver,
+            optimizer=optimizer,
+            save=save,
+            checks=checks,
+            compile=compile,
+            hooks=hooks,
+        )
+    )
 
 
 def execute(loop: Loop) -> Run:
@@ -202,4 +269,4 @@ def execute(loop: Loop) -> Run:
     return result
 
 
-__all__ = ["Run", "run", "setup", "execute", "split_start"]
+__all__ = ["Run", "execute", "run", "setup", "split_start"]

@@ -18,7 +18,8 @@ Every stepper computes what the eager one does, to rounding.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -87,7 +88,7 @@ def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, coun
     except (RuntimeError, TypeError, ValueError):  # a schedule that takes one clock at a time
         alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in clocks])
     out = torch.zeros((length, *t.shape), dtype=alphas.dtype, device=t.device)
-    out[start:start + count] = alphas
+    out[start : start + count] = alphas
     return out
 
 
@@ -115,7 +116,7 @@ class Split:
 
     def __init__(self, stepping: Stepping, propagate: FunctionKernel, update: FunctionKernel) -> None:
         self.s, self.propagate, self.update = stepping, propagate, update
-        self.route = propagate.package is not None and "aot" or "dynamo"
+        self.route = (propagate.package is not None and "aot") or "dynamo"
 
     def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
         s = self.s
@@ -153,14 +154,25 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
     if s.reduce is not None:
         alpha = torch.as_tensor(s.schedule(state.t))
         moved, info = s.problem.propagate(state, block[0], s.dt, s.plan)
-        propagate = function_kernel(lambda st, d: s.problem.propagate(st, d, s.dt, s.plan), (state, block[0]),
-                                    key=(*key, "propagate"), options=options, what="the step's first half")
-        update = function_kernel(lambda m, g, a: s.problem.update(m, g, a, s.dt), (moved, info.gradient, alpha),
-                                 key=(*key, "update"), options=options, what="the parameter update")
+        propagate = function_kernel(
+            lambda st, d: s.problem.propagate(st, d, s.dt, s.plan),
+            (state, block[0]),
+            key=(*key, "propagate"),
+            options=options,
+            what="the step's first half",
+        )
+        update = function_kernel(
+            lambda m, g, a: s.problem.update(m, g, a, s.dt),
+            (moved, info.gradient, alpha),
+            key=(*key, "update"),
+            options=options,
+            what="the parameter update",
+        )
         return Split(s, propagate, update)
 
-    def step(carry: tuple[State, torch.Tensor, StepInfo], inputs: tuple[torch.Tensor, torch.Tensor]
-             ) -> tuple[State, torch.Tensor, StepInfo]:
+    def step(
+        carry: tuple[State, torch.Tensor, StepInfo], inputs: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[State, torch.Tensor, StepInfo]:
         current, total, _ = carry
         dw, alpha = inputs
         new, info = s.problem.advance(current, dw, s.dt, alpha, s.plan)
@@ -212,8 +224,9 @@ class Auto:
         return chosen if self.decision.compile else self.eager
 
 
-def stepper(stepping: Stepping, state: State, block: torch.Tensor, options: Compile, end: int
-            ) -> Eager | Compiled | Split | Auto:
+def stepper(
+    stepping: Stepping, state: State, block: torch.Tensor, options: Compile, end: int
+) -> Eager | Compiled | Split | Auto:
     """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto")."""
     if options.enabled is False:
         return Eager(stepping)
@@ -222,4 +235,4 @@ def stepper(stepping: Stepping, state: State, block: torch.Tensor, options: Comp
     return compiled(stepping, state, block, options)
 
 
-__all__ = ["Carry", "Stepping", "Eager", "Compiled", "Split", "Auto", "stepper", "block_rates", "compiled"]
+__all__ = ["Auto", "Carry", "Compiled", "Eager", "Split", "Stepping", "block_rates", "compiled", "stepper"]

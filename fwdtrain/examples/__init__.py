@@ -9,7 +9,7 @@ Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their
 calibration and SGDCT examples name their ``problem`` (a ``fwdtrain.problems.Trainable``), SGDCT also its
 ``start`` and observed ``data``."""
 
-from typing import Callable
+from collections.abc import Callable
 
 from ._example import Example
 from .calibration import double_well_calibration, double_well_moments, ou_calibration
@@ -28,6 +28,24 @@ REGISTRY: dict[str, Callable[..., Example]] = {
 }
 DEFAULT = "lqr-1d"
 
-__all__ = ["Example", "REGISTRY", "DEFAULT", "lqr_1d", "linear_slope", "linear_control_cost", "LQR", "lqr_nd",
-           "lqr_problem", "random_lqr", "riccati", "noisy_control", "noisy_cost", "noisy_optimal_gain",
-           "ou_calibration", "double_well_calibration", "double_well_moments", "sgdct_ou", "ou_path"]
+__all__ = [
+    "DEFAULT",
+    "LQR",
+    "REGISTRY",
+    "Example",
+    "double_well_calibration",
+    "double_well_moments",
+    "linear_control_cost",
+    "linear_slope",
+    "lqr_1d",
+    "lqr_nd",
+    "lqr_problem",
+    "noisy_control",
+    "noisy_cost",
+    "noisy_optimal_gain",
+    "ou_calibration",
+    "ou_path",
+    "random_lqr",
+    "riccati",
+    "sgdct_ou",
+]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -65,7 +66,9 @@ class Example(NamedTuple):
 
 def summary(text: str) -> Callable[[Callable[..., Example]], Callable[..., Example]]:
     """Attach a one-line command-line help ``text`` to an example builder (``builder.summary``)."""
+
     def attach(builder: Callable[..., Example]) -> Callable[..., Example]:
         builder.summary = text  # type: ignore[attr-defined]
         return builder
+
     return attach

@@ -42,8 +42,9 @@ def ou_calibration(
 
     theta starts at {"mean": 0, "scale": 0.5}; lr(t) = lr / (1 + t / 10); phi = (x, (x - m*)^2) with
     targets (m*, v*): J = (E X - m*)^2 + (Var X + (E X - m*)^2 - v*)^2 has the Hessian 2 diag(1, (scale / kappa)^2)
-    at the optimum (well conditioned; with phi = (x, x^2) it would be 34 times worse). ``reference``/``evaluate``: mean, variance (closed form of the learned
-    parameters) and scale, against m*, v* and sqrt(2 kappa v*). ``seed`` is the noise seed of ``train``.
+    at the optimum (well conditioned; with phi = (x, x^2) it would be 34 times worse). ``reference``/``evaluate``:
+    mean, variance (closed form of the learned parameters) and scale, against m*, v* and sqrt(2 kappa v*).
+    ``seed`` is the noise seed of the run.
     """
     if target_variance <= 0 or kappa <= 0:
         raise ValueError(f"need target_variance > 0 and kappa > 0, got {target_variance}, {kappa}")
@@ -69,8 +70,11 @@ def ou_calibration(
         dt=dt,
         steps=steps,
         lr=schedule,
-        reference={"mean": float(target_mean), "variance": float(target_variance),
-                   "scale": math.sqrt(2 * kappa * target_variance)},
+        reference={
+            "mean": float(target_mean),
+            "variance": float(target_variance),
+            "scale": math.sqrt(2 * kappa * target_variance),
+        },
         evaluate=evaluate,
         problem=problem,
     )
@@ -82,10 +86,10 @@ def double_well_moments(a: float, b: float, s: float = 1.0, powers=(2, 4), point
         raise ValueError(f"the double well needs b > 0 (a confining potential), got b = {b}")
     x_max = (abs(a) / b) ** 0.5 + 8.0 * (s * s / b) ** 0.25
     x = np.linspace(-x_max, x_max, points)
-    log_density = (a * x ** 2 - b * x ** 4 / 2) / (s * s)
+    log_density = (a * x**2 - b * x**4 / 2) / (s * s)
     density = np.exp(log_density - log_density.max())
     total = np.trapezoid(density, x)
-    return [float(np.trapezoid(density * x ** p, x) / total) for p in powers]
+    return [float(np.trapezoid(density * x**p, x) / total) for p in powers]
 
 
 @summary("calibrate a double well's drift to the second and fourth stationary moments")
@@ -109,9 +113,9 @@ def double_well_calibration(
     m2, m4 = double_well_moments(a, b, s)
     s = float(s)
     problem = cal.calibration(
-        drift=lambda th, x: th["a"] * x - th["b"] * x ** 3,
+        drift=lambda th, x: th["a"] * x - th["b"] * x**3,
         diffusion=lambda th, x: s * torch.ones_like(x),
-        observables=lambda th, x: torch.cat([x ** 2, x ** 4]),
+        observables=lambda th, x: torch.cat([x**2, x**4]),
         targets=torch.tensor([m2, m4], dtype=dtype),
     )
     schedule = schedules.inverse_time(lr * 20.0, 20.0)

@@ -13,9 +13,9 @@ import math
 import torch
 
 from ..core import schedules
-from ..driver.evaluate import stationary_cost
 from ..core.model import mlp
 from ..core.problem import ControlledSDE
+from ..driver.evaluate import stationary_cost
 from ._example import Example, summary
 
 OPTIMAL_GAIN = math.sqrt(2.0) - 1.0
@@ -66,8 +66,9 @@ def lqr_1d(
         reference={"slope": -OPTIMAL_GAIN, "cost": OPTIMAL_GAIN},
         evaluate=lambda theta: {
             "slope": linear_slope(control.apply, theta),
-            "cost": stationary_cost(sde, theta, torch.zeros(1, dtype=dtype), particles=1000,
-                                    dt=dt, steps=6000, burn_in=1000, seed=seed + 1).mean,
+            "cost": stationary_cost(
+                sde, theta, torch.zeros(1, dtype=dtype), particles=1000, dt=dt, steps=6000, burn_in=1000, seed=seed + 1
+            ).mean,
         },
     )
 

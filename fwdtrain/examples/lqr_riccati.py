@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from ..core import schedules
-from ..driver.evaluate import stationary_cost
 from ..core.model import mlp
 from ..core.problem import ControlledSDE
+from ..driver.evaluate import stationary_cost
 from ._example import Example, summary
 
 
@@ -48,8 +48,9 @@ def _scipy_linalg():
     try:
         import scipy.linalg
     except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("the LQR references (Riccati and Lyapunov equations) need scipy: "
-                          "pip install 'fwdtrain[riccati]'") from error
+        raise ImportError(
+            "the LQR references (Riccati and Lyapunov equations) need scipy: pip install 'fwdtrain[riccati]'"
+        ) from error
     return scipy.linalg
 
 
@@ -133,7 +134,11 @@ def linear_control(theta, x):
 
 
 def lqr_problem(
-    A, B, Q, R, Sigma,
+    A,
+    B,
+    Q,
+    R,
+    Sigma,
     *,
     control: str = "linear",
     hidden: int = 32,
@@ -159,10 +164,17 @@ def lqr_problem(
     """
     problem = LQR(*(np.asarray(a, dtype=np.float64) for a in (A, B, Q, R, Sigma)))
     d, k = problem.B.shape
-    if problem.A.shape != (d, d) or problem.Q.shape != (d, d) or problem.R.shape != (k, k) \
-            or problem.Sigma.ndim != 2 or problem.Sigma.shape[0] != d:
-        raise ValueError(f"LQR shapes must be A (d,d), B (d,k), Q (d,d), R (k,k), Sigma (d,m); got "
-                         f"{[tuple(a.shape) for a in problem]}")
+    if (
+        problem.A.shape != (d, d)
+        or problem.Q.shape != (d, d)
+        or problem.R.shape != (k, k)
+        or problem.Sigma.ndim != 2
+        or problem.Sigma.shape[0] != d
+    ):
+        raise ValueError(
+            f"LQR shapes must be A (d,d), B (d,k), Q (d,d), R (k,k), Sigma (d,m); got "
+            f"{[tuple(a.shape) for a in problem]}"
+        )
     if control not in ("linear", "mlp"):
         raise ValueError(f"control must be 'linear' or 'mlp', got {control!r}")
     solution = riccati(problem)
@@ -170,8 +182,9 @@ def lqr_problem(
         apply = linear_control
         theta = {"gain": torch.zeros(k, d, dtype=dtype)}
     else:
-        model = mlp([d, hidden, hidden, k], activation="tanh", output_bias=False, seed=seed, dtype=dtype,
-                    output_scale=0.1)
+        model = mlp(
+            [d, hidden, hidden, k], activation="tanh", output_bias=False, seed=seed, dtype=dtype, output_scale=0.1
+        )
         apply, theta = model.apply, model.theta
     sde = lqr_sde(problem, apply, dtype)
     if lr is None:
@@ -192,8 +205,16 @@ def lqr_problem(
             # Euler with step h biases a stationary cost by ~ +0.7 h relative (1.4% at h = 0.02 for
             # random_lqr(2)); evaluate at h <= 0.005 so the bias stays under 0.4%.
             h = min(dt, 0.005)
-            cost = stationary_cost(sde, theta, torch.zeros(d, dtype=dtype), particles=1000, dt=h,
-                                   steps=round(40 / h), burn_in=round(10 / h), seed=seed + 1).mean
+            cost = stationary_cost(
+                sde,
+                theta,
+                torch.zeros(d, dtype=dtype),
+                particles=1000,
+                dt=h,
+                steps=round(40 / h),
+                burn_in=round(10 / h),
+                seed=seed + 1,
+            ).mean
         return {"cost": cost, "gain_error": error}
 
     return Example(
@@ -225,5 +246,16 @@ def lqr_nd(
     dtype: torch.dtype = torch.float32,
 ) -> Example:
     """``lqr_problem`` on ``random_lqr(dim, seed)``: the CLI's "lqr-nd"."""
-    return lqr_problem(*random_lqr(dim, seed), control=control, hidden=hidden, particles=particles, dt=dt,
-                       steps=steps, lr=lr, decay=decay, seed=seed, dtype=dtype, name=f"lqr-nd (d={dim}, {control})")
+    return lqr_problem(
+        *random_lqr(dim, seed),
+        control=control,
+        hidden=hidden,
+        particles=particles,
+        dt=dt,
+        steps=steps,
+        lr=lr,
+        decay=decay,
+        seed=seed,
+        dtype=dtype,
+        name=f"lqr-nd (d={dim}, {control})",
+    )

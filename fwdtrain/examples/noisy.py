@@ -39,7 +39,7 @@ def noisy_cost(k: float, beta: float) -> float:
 def noisy_cost_derivative(k: float, beta: float) -> float:
     """J'(k) = 2 (k^2 + (2 + beta^2) k - 1) / (2 (1 + k) - beta^2 k^2)^2."""
     denominator = 2 * (1 + k) - beta * beta * k * k
-    return 2 * (k * k + (2 + beta * beta) * k - 1) / denominator ** 2
+    return 2 * (k * k + (2 + beta * beta) * k - 1) / denominator**2
 
 
 def noisy_optimal_gain(beta: float) -> float:

@@ -16,13 +16,22 @@ import numpy as np
 import torch
 
 from ..core import schedules
-from ..problems import sgdct
 from ..core.problem import SDE
+from ..problems import sgdct
 from ._example import Example, summary
 
 
-def ou_path(kappa: float, mean: float, scale: float, x0: float, steps: int, dt: float, seed: int = 0,
-            dtype: torch.dtype = torch.float64, paths: int = 1) -> torch.Tensor:
+def ou_path(
+    kappa: float,
+    mean: float,
+    scale: float,
+    x0: float,
+    steps: int,
+    dt: float,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    paths: int = 1,
+) -> torch.Tensor:
     """(steps, paths, 1) increments X_{n+1} - X_n of exactly simulated independent OU paths from x0."""
     rng = np.random.default_rng(seed)
     rho = math.exp(-kappa * dt)
@@ -71,7 +80,11 @@ def sgdct_ou(
     schedule = schedules.inverse_time(lr * offset, offset)
     if isinstance(particles, bool) or not isinstance(particles, int) or particles < 1:
         raise ValueError(f"particles (the number of observed paths) must be a positive integer, got {particles!r}")
-    x0 = torch.full((particles, 1), float(mean), dtype=dtype) if particles > 1 else torch.tensor([float(mean)], dtype=dtype)
+    x0 = (
+        torch.full((particles, 1), float(mean), dtype=dtype)
+        if particles > 1
+        else torch.tensor([float(mean)], dtype=dtype)
+    )
 
     def data(seed: int, steps: int) -> torch.Tensor:  # the observed increments, (steps, paths, 1)
         return ou_path(kappa, mean, scale, float(mean), steps, dt, seed, dtype, paths=particles)

@@ -12,5 +12,15 @@ from . import calibration, cost, ensemble, sgdct, trainable
 from .cost import CostForm, as_trainable, step, step_with_info
 from .trainable import Trainable
 
-__all__ = ["Trainable", "CostForm", "as_trainable", "step", "step_with_info", "calibration", "cost", "ensemble",
-           "sgdct", "trainable"]
+__all__ = [
+    "CostForm",
+    "Trainable",
+    "as_trainable",
+    "calibration",
+    "cost",
+    "ensemble",
+    "sgdct",
+    "step",
+    "step_with_info",
+    "trainable",
+]

@@ -24,8 +24,10 @@ included).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,7 +36,7 @@ from ..core._tree import size, tree_map
 from ..core.kernel import GradientReduce, LearningRate, StepInfo, learning_rate, update_parameters
 from ..core.problem import SDE, milstein_correction
 from ..core.sensitivity import MODES, Mode, Plan, Terms, Theta, linearise_generic, over_particles, resolve_mode
-from ..core.solvers import Euler, Solver, as_solver
+from ..core.solvers import EULER, Solver, as_solver
 from ..core.state import State, noise_dim
 from ..core.state import init as init_state
 from ..optim import GradientTransformation
@@ -53,19 +55,18 @@ class Calibration(Trainable):
     observables: Observables
     targets: torch.Tensor
     weights: torch.Tensor
-    solver: Solver = Euler()
+    solver: Solver = EULER
     optimizer: GradientTransformation | None = None
 
-    def with_optimizer(self, optimizer: GradientTransformation | None) -> "Calibration":
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> Calibration:
         """This calibration updated by ``optimizer`` (its state in ``State.opt_state``)."""
-        return self.configure(optimizer=optimizer)
+        return dataclasses.replace(self, optimizer=optimizer)
 
     # ---- the Trainable interface ----
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` (an even N included), for a step of size dt at rate lr."""
         m = noise_dim(self.sde, state.theta, state.x)
-        check_inputs(self, state, torch.zeros((state.particles, m), dtype=state.x.dtype, device=state.x.device),
-                     dt, lr)
+        check_inputs(self, state, torch.zeros((state.particles, m), dtype=state.x.dtype, device=state.x.device), dt, lr)
         check_solver(self.solver, self.sde, state.theta, state.x[0])
 
     def plan(self, state: State, mode: str = "auto") -> Plan:
@@ -82,13 +83,17 @@ class Calibration(Trainable):
         return moved, StepInfo(info.objective, info.gradient)
 
     def nonfinite(self, state: State) -> str | None:
-        return nonfinite_part((("drift", self.sde.drift), ("diffusion", self.sde.diffusion),
-                               ("observables", self.observables)), state)
+        return nonfinite_part(
+            (("drift", self.sde.drift), ("diffusion", self.sde.diffusion), ("observables", self.observables)), state
+        )
 
     def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...]) -> Terms:
         """mu, sigma and phi (as the "cost" term) at one particle; the Milstein correction when asked for."""
-        value = {"mu": self.sde.drift(theta, x), "sigma": self.sde.diffusion(theta, x),
-                 "cost": self.observables(theta, x)}
+        value = {
+            "mu": self.sde.drift(theta, x),
+            "sigma": self.sde.diffusion(theta, x),
+            "cost": self.observables(theta, x),
+        }
         if "correction" in names:
             value["correction"] = milstein_correction(self.sde.diffusion, theta, x, value["sigma"])
         return value
@@ -107,8 +112,16 @@ def _zero_cost(theta: Theta, x: torch.Tensor) -> torch.Tensor:
     return x.sum() * 0
 
 
-def calibration(drift: Callable, diffusion: Callable, observables: Observables, targets: Any, weights: Any = None,
-                *, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None) -> Calibration:
+def calibration(
+    drift: Callable,
+    diffusion: Callable,
+    observables: Observables,
+    targets: Any,
+    weights: Any = None,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+) -> Calibration:
     """Build a ``Calibration`` from drift(theta, x), diffusion(theta, x), phi(theta, x) and targets (k,).
 
     weights default to ones; ``solver`` the scheme (default ``Euler()``); ``optimizer`` the update rule (a
@@ -119,45 +132,72 @@ def calibration(drift: Callable, diffusion: Callable, observables: Observables, 
         raise TypeError(f"observables must be a function (theta, x) -> (k,) tensor, got {type(observables).__name__}")
     targets = torch.as_tensor(targets)
     if targets.ndim != 1 or targets.numel() == 0:
-        raise ValueError(f"targets must be a non-empty 1-d tensor (one per observable), got shape "
-                         f"{tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must be a non-empty 1-d tensor (one per observable), got shape {tuple(targets.shape)}"
+        )
     weights = torch.ones_like(targets) if weights is None else torch.as_tensor(weights, dtype=targets.dtype)
     if weights.shape != targets.shape or bool((weights < 0).any()):
-        raise ValueError(f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, "
-                         f"got {weights.tolist()}")
+        raise ValueError(
+            f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, got {weights.tolist()}"
+        )
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation or None, "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a fwdtrain.optim.GradientTransformation or None, got {type(optimizer).__name__}"
+        )
     return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights, as_solver(solver), optimizer)
 
 
-def init(problem: Calibration, theta: Theta, x0: torch.Tensor, particles: int | None = None, *,
-         average_from: Any = None, allow_low_precision: bool = False) -> State:
+def init(
+    problem: Calibration,
+    theta: Theta,
+    x0: torch.Tensor,
+    particles: int | None = None,
+    *,
+    average_from: Any = None,
+    allow_low_precision: bool = False,
+) -> State:
     """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,).
 
     The opt_state is that of ``problem.optimizer`` (``calibration(..., optimizer=...)`` or
     ``problem.with_optimizer(rule)``); ``average_from=t0`` starts a Polyak-Ruppert average."""
     if not isinstance(problem, Calibration):
         raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
-    state = init_state(problem.sde, theta, x0, particles, optimizer=problem.optimizer, average_from=average_from,
-                       allow_low_precision=allow_low_precision)
+    state = init_state(
+        problem.sde,
+        theta,
+        x0,
+        particles,
+        optimizer=problem.optimizer,
+        average_from=average_from,
+        allow_low_precision=allow_low_precision,
+    )
     if state.particles % 2:
-        raise ValueError(f"a calibration needs an even number of particles (two independent halves), "
-                         f"got {state.particles}")
+        raise ValueError(
+            f"a calibration needs an even number of particles (two independent halves), got {state.particles}"
+        )
     phi = problem.observables(state.theta, state.x[0])
     if not isinstance(phi, torch.Tensor) or phi.shape != problem.targets.shape:
-        raise ValueError(f"observables returned {tuple(getattr(phi, 'shape', ()))} but targets have shape "
-                         f"{tuple(problem.targets.shape)}")
+        raise ValueError(
+            f"observables returned {tuple(getattr(phi, 'shape', ()))} but targets have shape "
+            f"{tuple(problem.targets.shape)}"
+        )
     return state
 
 
-def propagate(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, plan: Plan
-              ) -> tuple[State, CalibrationInfo]:
+def propagate(
+    problem: Calibration, state: State, dw: torch.Tensor, dt: Any, plan: Plan
+) -> tuple[State, CalibrationInfo]:
     """X and Xtilde at n + 1 (the problem's solver) and the ``CalibrationInfo`` at n; theta untouched."""
+
     def linearise(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
         wanted = problem.sde.differentiated(names)
-        return over_particles(lambda xi, xti: linearise_generic(lambda th, x_: problem.terms(th, x_, names),
-                                                                state.theta, xi, xti, plan.mode, wanted), x, x_tilde)
+        return over_particles(
+            lambda xi, xti: linearise_generic(
+                lambda th, x_: problem.terms(th, x_, names), state.theta, xi, xti, plan.mode, wanted
+            ),
+            x,
+            x_tilde,
+        )
 
     moved = problem.solver.step(linearise, state.x, state.x_tilde, dw, dt)
     half = state.particles // 2
@@ -175,8 +215,15 @@ def propagate(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, pla
     return state._replace(x=moved.x, x_tilde=moved.x_tilde), info
 
 
-def advance(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Plan,
-            reduce: GradientReduce | None = None) -> tuple[State, CalibrationInfo]:
+def advance(
+    problem: Calibration,
+    state: State,
+    dw: torch.Tensor,
+    dt: Any,
+    alpha: Any,
+    plan: Plan,
+    reduce: GradientReduce | None = None,
+) -> tuple[State, CalibrationInfo]:
     """The calibration step without input checks (see the module docstring); pure and transformable.
 
     ``reduce`` maps G before the update (as in ``fwdtrain.core.kernel.advance``); None keeps it.
@@ -207,8 +254,9 @@ def check_inputs(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, 
         raise ValueError(f"dw has shape {tuple(dw.shape)} but the diffusion needs ({state.particles}, {m})")
 
 
-def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
-                   *, mode: Mode = "auto") -> tuple[State, CalibrationInfo]:
+def step_with_info(
+    problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto"
+) -> tuple[State, CalibrationInfo]:
     """One pure calibration step and its ``CalibrationInfo`` at time n."""
     check_inputs(problem, state, dw, dt, lr)
     check_solver(problem.solver, problem.sde, state.theta, state.x[0])
@@ -217,11 +265,22 @@ def step_with_info(problem: Calibration, state: State, dw: torch.Tensor, dt: Any
     return advance(problem, state, dw, dt, alpha, problem.plan(state, mode))
 
 
-def step(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate,
-         *, mode: Mode = "auto") -> State:
+def step(
+    problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto"
+) -> State:
     """One pure calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring)."""
     return step_with_info(problem, state, dw, dt, lr, mode=mode)[0]
 
 
-__all__ = ["Calibration", "CalibrationInfo", "calibration", "init", "step", "step_with_info", "propagate",
-           "advance", "check_inputs", "resolve_mode_for"]
+__all__ = [
+    "Calibration",
+    "CalibrationInfo",
+    "advance",
+    "calibration",
+    "check_inputs",
+    "init",
+    "propagate",
+    "resolve_mode_for",
+    "step",
+    "step_with_info",
+]

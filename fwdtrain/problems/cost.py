@@ -25,20 +25,22 @@ from ..core._tree import leaves
 from ..core.kernel import LearningRate, StepInfo, learning_rate, propagate
 from ..core.problem import SDE
 from ..core.sensitivity import Mode, Plan
-from ..core.solvers import Euler, Solver, as_solver
+from ..core.solvers import EULER, Solver, as_solver
 from ..core.state import State, evaluate_once, noise_dim
 from ..optim import GradientTransformation, check_average, check_opt_state
 from .trainable import Trainable
 
 
-def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any,
-                      optimizer: GradientTransformation | None = None) -> None:
+def check_step_inputs(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any, optimizer: GradientTransformation | None = None
+) -> None:
     """Raise a clear error for anything ``step`` cannot use (an opt_state that is not ``optimizer``'s included)."""
     if not isinstance(sde, SDE):
         raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
     if not isinstance(state, State):
-        raise TypeError(f"step(..., state, ...) expects a fwdtrain.State (from fwdtrain.init), "
-                        f"got {type(state).__name__}")
+        raise TypeError(
+            f"step(..., state, ...) expects a fwdtrain.State (from fwdtrain.init), got {type(state).__name__}"
+        )
     _checks.check_dt(dt)
     _checks.check_lr(lr)
     theta0 = leaves(state.theta)[0]
@@ -49,8 +51,10 @@ def check_step_inputs(sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: Any
     if dw.dtype != theta0.dtype or dw.device != theta0.device:
         raise TypeError(f"dw is {dw.dtype} on {dw.device} but the state is {theta0.dtype} on {theta0.device}")
     if any(leaf.requires_grad for leaf in leaves((state, dw)) if _checks.is_concrete(leaf)):
-        raise ValueError("the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies "
-                         "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)")
+        raise ValueError(
+            "the state or dw requires grad; fwdtrain works on plain tensors: pass .detach() copies "
+            "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)"
+        )
     _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
     check_training_state(state, optimizer)
 
@@ -69,7 +73,7 @@ def check_training_state(state: State, optimizer: GradientTransformation | None)
     check_average(state.average, state.theta)
 
 
-_VERIFIED: "weakref.WeakKeyDictionary[SDE, set[Solver]]" = weakref.WeakKeyDictionary()
+_VERIFIED: weakref.WeakKeyDictionary[SDE, set[Solver]] = weakref.WeakKeyDictionary()
 
 
 def check_solver(solver: Solver, sde: SDE, theta: Any, x: torch.Tensor) -> None:
@@ -90,7 +94,7 @@ class CostForm(Trainable):
     ``optimizer`` (a ``fwdtrain.optim`` rule; None: theta <- theta - alpha h G)."""
 
     sde: SDE
-    solver: Solver = Euler()
+    solver: Solver = EULER
     optimizer: GradientTransformation | None = None
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
@@ -126,22 +130,33 @@ def nonfinite_part(parts: Any, state: State) -> str | None:
     return None
 
 
-def as_trainable(problem: Any, solver: Solver | str | None = None,
-                 optimizer: GradientTransformation | None = None) -> Trainable:
+def as_trainable(
+    problem: Any, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
+) -> Trainable:
     """``problem`` as a ``Trainable`` with ``solver`` and ``optimizer`` bound: an ``SDE`` (or ``ControlledSDE``)
     becomes ``CostForm(sde)``; a ``Trainable`` is configured (``Trainable.configure``)."""
     if isinstance(problem, SDE):
         problem = CostForm(problem)
     if not isinstance(problem, Trainable):
-        raise TypeError(f"expected a problem to train: a fwdtrain.SDE or ControlledSDE, a calibration.Calibration, "
-                        f"an sgdct.DriftEstimation, an ensemble.Ensemble or another fwdtrain.problems.Trainable; "
-                        f"got {type(problem).__name__}")
+        raise TypeError(
+            f"expected a problem to train: a fwdtrain.SDE or ControlledSDE, a calibration.Calibration, "
+            f"an sgdct.DriftEstimation, an ensemble.Ensemble or another fwdtrain.problems.Trainable; "
+            f"got {type(problem).__name__}"
+        )
     return problem.configure(solver, optimizer)
 
 
 def step_with_info(
-    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, solver: Solver | str | None = None,
-    optimizer: GradientTransformation | None = None, mode: Mode = "auto", compile: bool = False,
+    sde: SDE,
+    state: State,
+    dw: torch.Tensor,
+    dt: Any,
+    lr: LearningRate,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+    mode: Mode = "auto",
+    compile: bool = False,
 ) -> tuple[State, StepInfo]:
     """``step`` that also returns ``StepInfo(cost, gradient)``: the particle-mean cost and G_n at time n."""
     problem = CostForm(sde, as_solver(solver), optimizer)
@@ -157,14 +172,27 @@ def step_with_info(
         explain_failure(sde, state, error)
         raise
     alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
-    kernel = function_kernel(lambda s, d, a: problem.advance(s, d, dt, a, plan), (state, dw, alpha),
-                             key=(problem, plan, float(dt), "advance"), options=Compile(True), what="the step")
+    kernel = function_kernel(
+        lambda s, d, a: problem.advance(s, d, dt, a, plan),
+        (state, dw, alpha),
+        key=(problem, plan, float(dt), "advance"),
+        options=Compile(True),
+        what="the step",
+    )
     return kernel(state, dw, alpha)
 
 
 def step(
-    sde: SDE, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, solver: Solver | str | None = None,
-    optimizer: GradientTransformation | None = None, mode: Mode = "auto", compile: bool = False,
+    sde: SDE,
+    state: State,
+    dw: torch.Tensor,
+    dt: Any,
+    lr: LearningRate,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+    mode: Mode = "auto",
+    compile: bool = False,
 ) -> State:
     """One pure step of the forward-propagation algorithm: (X, Xtilde, theta, t) at n -> n + 1.
 
@@ -197,5 +225,14 @@ def step(
     return step_with_info(sde, state, dw, dt, lr, solver=solver, optimizer=optimizer, mode=mode, compile=compile)[0]
 
 
-__all__ = ["CostForm", "as_trainable", "step", "step_with_info", "check_step_inputs", "check_training_state",
-           "check_solver", "explain_failure", "nonfinite_part"]
+__all__ = [
+    "CostForm",
+    "as_trainable",
+    "check_solver",
+    "check_step_inputs",
+    "check_training_state",
+    "explain_failure",
+    "nonfinite_part",
+    "step",
+    "step_with_info",
+]

@@ -24,8 +24,9 @@ check (``freeze``: ``torch.where`` per member, no branch in the step) and flagge
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch.func import vmap
@@ -47,6 +48,7 @@ Tree = Any
 
 # ---- pytrees with a member axis ----
 
+
 def stack(trees: Sequence[Tree]) -> Tree:
     """The pytrees ``trees`` (same structure) stacked along a new leading member axis."""
     if len(trees) < 1:
@@ -60,9 +62,8 @@ def size(tree: Tree) -> int:
     sizes = {leaf.shape[0] if leaf.ndim else None for _, leaf in pairs}
     if len(sizes) != 1 or None in sizes:
         shapes = ", ".join(f"{path}: {tuple(leaf.shape)}" for path, leaf in pairs[:8])
-        raise ValueError(f"an ensemble needs one leading member axis E on every leaf (t included), "
-                         f"got {shapes}")
-    return sizes.pop()
+        raise ValueError(f"an ensemble needs one leading member axis E on every leaf (t included), got {shapes}")
+    return int(sizes.pop())  # type: ignore[arg-type]
 
 
 def member(tree: Tree, index: int) -> Tree:
@@ -75,8 +76,16 @@ def unstack(tree: Tree) -> list[Tree]:
     return [member(tree, e) for e in range(size(tree))]
 
 
-def init(sde: Any, theta: Tree, x0: torch.Tensor, particles: int | None = None, *, members: int | None = None,
-         stacked: bool = False, **options: Any) -> State:
+def init(
+    sde: Any,
+    theta: Tree,
+    x0: torch.Tensor,
+    particles: int | None = None,
+    *,
+    members: int | None = None,
+    stacked: bool = False,
+    **options: Any,
+) -> State:
     """The ensemble's state at t = 0: ``fwdtrain.init`` per member, stacked on a leading axis E.
 
     ``stacked=False``: theta and x0 are shared, copied ``members`` = E times. ``stacked=True``: theta's
@@ -93,10 +102,13 @@ def init(sde: Any, theta: Tree, x0: torch.Tensor, particles: int | None = None, 
     if members is not None and _checks.check_count(members, "members (the ensemble size E)") != count:
         raise ValueError(f"members={members} but theta's leaves have a member axis of {count}")
     if not isinstance(x0, torch.Tensor) or x0.ndim not in (1, 2) or (x0.ndim == 2 and x0.shape[0] != count):
-        raise ValueError(f"x0 must be a shared (d,) or one row per member ({count}, d), "
-                         f"got {getattr(x0, 'shape', type(x0).__name__)}")
-    return stack([_init_member(sde, member(theta, e), x0 if x0.ndim == 1 else x0[e], particles, **options)
-                  for e in range(count)])
+        raise ValueError(
+            f"x0 must be a shared (d,) or one row per member ({count}, d), "
+            f"got {getattr(x0, 'shape', type(x0).__name__)}"
+        )
+    return stack(
+        [_init_member(sde, member(theta, e), x0 if x0.ndim == 1 else x0[e], particles, **options) for e in range(count)]
+    )
 
 
 def member_history(history: History, index: int) -> History:
@@ -104,19 +116,31 @@ def member_history(history: History, index: int) -> History:
     per_record = {name: getattr(history, name)[:, index] for name in FIELDS[1:] if getattr(history, name) is not None}
     carry = history.carry
     if carry is not None:
-        carry = {**carry, **{key: carry[key] if carry[key].ndim == 0 else carry[key][index]  # 0-d: before any step
-                             for key in ("cost_total", "window_total")}}
+        carry = {
+            **carry,
+            **{
+                key: carry[key] if carry[key].ndim == 0 else carry[key][index]  # 0-d: before any step
+                for key in ("cost_total", "window_total")
+            },
+        }
         noise = carry.get("noise")
         if noise is not None and EnsembleNoise.kind in noise:
             carry["noise"] = noise[EnsembleNoise.kind]["members"][index]
     theta_average = history.theta_average
     if theta_average is not None:
         theta_average = tree_map(lambda leaf: leaf[:, index], theta_average)
-    return history._replace(**per_record, theta=tree_map(lambda leaf: leaf[:, index], history.theta), carry=carry,
-                            diverged=None, frozen_at=None, theta_average=theta_average)
+    return history._replace(
+        **per_record,
+        theta=tree_map(lambda leaf: leaf[:, index], history.theta),
+        carry=carry,
+        diverged=None,
+        frozen_at=None,
+        theta_average=theta_average,
+    )
 
 
 # ---- learning rates per member ----
+
 
 class PerMember(NamedTuple):
     """A schedule with per-member parameters: alpha_e(t_e) = factory(**{k: params[k][e]})(t_e).
@@ -151,8 +175,10 @@ def rates(lr: Any, members: int) -> Any:
             raise TypeError("PerMember(factory, params) needs a schedule factory and a non-empty dict of tensors")
         for name, value in lr.params.items():
             if not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != members:
-                raise ValueError(f"PerMember params[{name!r}] must be a tensor with a leading axis of {members} "
-                                 f"members, got {getattr(value, 'shape', type(value).__name__)}")
+                raise ValueError(
+                    f"PerMember params[{name!r}] must be a tensor with a leading axis of {members} "
+                    f"members, got {getattr(value, 'shape', type(value).__name__)}"
+                )
         return lr
     if callable(lr):
         return _Shared(lr)
@@ -160,8 +186,9 @@ def rates(lr: Any, members: int) -> Any:
         lr = torch.tensor([float(v) for v in lr], dtype=torch.float64)
     if isinstance(lr, torch.Tensor) and lr.ndim == 1:
         if lr.shape[0] != members:
-            raise ValueError(f"a per-member learning rate needs {members} entries (one per member), "
-                             f"got shape {tuple(lr.shape)}")
+            raise ValueError(
+                f"a per-member learning rate needs {members} entries (one per member), got shape {tuple(lr.shape)}"
+            )
         if not lr.is_floating_point():
             raise TypeError(f"per-member learning rates must be floating, got dtype {lr.dtype}")
         if _checks.is_concrete(lr) and not bool((torch.isfinite(lr) & (lr >= 0)).all()):
@@ -182,6 +209,7 @@ class _Shared(NamedTuple):
 
 # ---- noise ----
 
+
 class EnsembleNoise:
     """One ``BrownianNoise`` per member, drawn together: ``draw(count) -> (count, E, N, m)``.
 
@@ -198,8 +226,15 @@ class EnsembleNoise:
         self.shape = (len(self.sources), *self.sources[0].shape)
 
     @classmethod
-    def brownian(cls, seeds: Sequence[int], shape: tuple[int, int], dt: float, *, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> "EnsembleNoise":
+    def brownian(
+        cls,
+        seeds: Sequence[int],
+        shape: tuple[int, int],
+        dt: float,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> EnsembleNoise:
         """Member e draws ``BrownianNoise(shape, dt, seed=seeds[e])``: the stream of a run with that seed."""
         return cls([BrownianNoise(shape, dt, seed=int(seed), dtype=dtype, device=device) for seed in seeds])
 
@@ -215,15 +250,18 @@ class EnsembleNoise:
         return {self.kind: {"members": [source.state_dict(position) for source in self.sources]}}
 
     @classmethod
-    def from_state_dict(cls, data: dict[str, Any], dtype: torch.dtype, device: torch.device | str = "cpu"
-                        ) -> "EnsembleNoise":
+    def from_state_dict(
+        cls, data: dict[str, Any], dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> EnsembleNoise:
         if not isinstance(data, dict) or cls.kind not in data:
             kinds = ", ".join(data) if isinstance(data, dict) else type(data).__name__
-            raise ValueError(f"the history's noise is not an ensemble's (it holds {kinds}); continue an ensemble "
-                             f"with the history its run returned")
+            raise ValueError(
+                f"the history's noise is not an ensemble's (it holds {kinds}); continue an ensemble "
+                f"with the history its run returned"
+            )
         return cls([BrownianNoise.from_state_dict(item, dtype, device) for item in data[cls.kind]["members"]])
 
-    def copy(self) -> "EnsembleNoise":
+    def copy(self) -> EnsembleNoise:
         return EnsembleNoise(self.sources)
 
     def __repr__(self) -> str:
@@ -231,6 +269,7 @@ class EnsembleNoise:
 
 
 # ---- the Trainable ----
+
 
 def _per_member(leaf: torch.Tensor) -> torch.Tensor:
     """max |.| over everything but the member axis: (E, ...) -> (E,)."""
@@ -252,8 +291,9 @@ class Ensemble(Trainable):
     def __post_init__(self) -> None:
         _checks.check_count(self.size, "ensemble size E")
         if self.seeds is not None:
-            if len(self.seeds) != self.size or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                       for s in self.seeds):
+            if len(self.seeds) != self.size or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in self.seeds
+            ):
                 raise ValueError(f"seeds must be {self.size} ints (one per member), got {self.seeds!r}")
             object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "problem", as_trainable(self.problem))
@@ -266,23 +306,26 @@ class Ensemble(Trainable):
     def optimizer(self) -> GradientTransformation | None:  # type: ignore[override]
         return self.problem.optimizer
 
-    def configure(self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
-                  ) -> "Ensemble":
+    def configure(
+        self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
+    ) -> Ensemble:
         """Every member with ``solver`` and ``optimizer`` bound (its state per member in opt_state)."""
         return Ensemble(self.problem.configure(solver, optimizer), self.size, self.seeds)
 
-    def with_optimizer(self, optimizer: GradientTransformation | None) -> "Ensemble":
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> Ensemble:
         return self.configure(optimizer=optimizer)
 
     def check_state(self, state: State) -> None:
         """Every leaf of ``state`` has the leading member axis E = ``size``."""
         if not isinstance(state, State):
-            raise TypeError(f"an ensemble trains a fwdtrain.State with a member axis (ensemble.init), "
-                            f"got {type(state).__name__}")
+            raise TypeError(
+                f"an ensemble trains a fwdtrain.State with a member axis (ensemble.init), got {type(state).__name__}"
+            )
         found = size(state)
         if found != self.size:
-            raise ValueError(f"the state has {found} members (leading axis of every leaf) but the ensemble has "
-                             f"size {self.size}")
+            raise ValueError(
+                f"the state has {found} members (leading axis of every leaf) but the ensemble has size {self.size}"
+            )
         if state.t.ndim != 1:
             raise ValueError(f"an ensemble state's t must be (E,) = ({self.size},), got {tuple(state.t.shape)}")
 
@@ -310,8 +353,9 @@ class Ensemble(Trainable):
         alpha = torch.broadcast_to(alpha, (self.size,))
         return vmap(lambda s, g, a: self.problem.update(s, g, a, dt))(moved, gradient, alpha)
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable,
-                reduce: Any = None) -> tuple[State, StepInfo]:
+    def advance(
+        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable, reduce: Any = None
+    ) -> tuple[State, StepInfo]:
         """vmap of the member's whole step (a gradient hook, when given, sees the (E, *s) gradients between
         the two halves)."""
         if reduce is not None:
@@ -338,16 +382,17 @@ class Ensemble(Trainable):
 
     def freeze(self, good: State, new: State, running: torch.Tensor) -> State:
         """``new`` for the members where ``running`` (E,) is True, ``good`` for the others (branch-free)."""
+
         def pick(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
             return torch.where(running.reshape((-1,) + (1,) * (after.ndim - 1)), after, before)
+
         return tree_map(pick, good, new)
 
     def gradient_norm(self, gradient: Any) -> torch.Tensor:
         """(E,): |G_e| per member, computed as a single run computes it (so the records agree bitwise)."""
         return torch.stack([squared_norm(member(gradient, e)).sqrt() for e in range(self.size)])
 
-    def noise_source(self, noise: NoiseLike | int | Sequence[int], dt: Any, state: State,
-                     saved: dict | None) -> Any:
+    def noise_source(self, noise: NoiseLike | int | Sequence[int], dt: Any, state: State, saved: dict | None) -> Any:
         """The members' noise: ``BrownianNoise(seed_e)`` each (seed_e = seeds[e], noise[e], or noise + e),
         the saved positions of a continued run, or the user's (steps, E, N, m) tensor or function."""
         dtype, device = state.x.dtype, state.x.device
@@ -363,18 +408,30 @@ class Ensemble(Trainable):
         elif isinstance(noise, int) and not isinstance(noise, bool):
             seeds = self.seeds if self.seeds is not None else tuple(noise + e for e in range(self.size))
         else:
-            return super().noise_source(noise, dt, state, saved)
+            return super().noise_source(noise, dt, state, saved)  # type: ignore[arg-type]  # not a seed list
         shape = tuple(self.problem.noise_shape(member(state, 0)))
         return EnsembleNoise.brownian(seeds, shape, float(dt), dtype=dtype, device=device)
 
 
 def __getattr__(name: str) -> Any:
     if name == "run":
-        raise AttributeError("ensemble.run was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-                             "fwdtrain.run(ensemble.Ensemble(problem, E), state, steps, dt, lr, noise=seed) "
-                             "(lr: one value, E values, a schedule or a PerMember)")
+        raise AttributeError(
+            "ensemble.run was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
+            "fwdtrain.run(ensemble.Ensemble(problem, E), state, steps, dt, lr, noise=seed) "
+            "(lr: one value, E values, a schedule or a PerMember)"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Ensemble", "EnsembleNoise", "PerMember", "stack", "member", "unstack", "size", "init", "rates",
-           "member_history"]
+__all__ = [
+    "Ensemble",
+    "EnsembleNoise",
+    "PerMember",
+    "init",
+    "member",
+    "member_history",
+    "rates",
+    "size",
+    "stack",
+    "unstack",
+]

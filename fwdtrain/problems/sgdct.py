@@ -16,6 +16,7 @@ The model is an ``fwdtrain.SDE``: its drift(theta, x) is estimated, its diffusio
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -67,7 +68,7 @@ def _weighted_residual(sigma: torch.Tensor, residual: torch.Tensor) -> torch.Ten
 
 def _one_path(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any) -> tuple[Any, torch.Tensor]:
     """(J' a^{-1} r, r' a^{-1} r) for one observation x (d,) and increment dx (d,)."""
-    mu, pullback = vjp(lambda th: sde.drift(th, x), theta)
+    mu, pullback = vjp(lambda th: sde.drift(th, x), theta)  # type: ignore[misc]  # no has_aux: two values
     residual = dx - mu * dt
     weighted = _weighted_residual(sde.diffusion(theta, x), residual)
     (ascent,) = pullback(weighted)
@@ -82,8 +83,9 @@ def _ascent(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any) 
     return tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
 
 
-def advance(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
-            alpha: Any) -> tuple[SGDCTState, SGDCTInfo]:
+def advance(
+    sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, alpha: Any
+) -> tuple[SGDCTState, SGDCTInfo]:
     """One SGDCT step without input checks (see the module docstring).
 
     x, dx (d,): one path; (P, d): P independent paths observed together, whose updates are averaged.
@@ -113,9 +115,9 @@ class DriftEstimation(Trainable):
     optimizer: GradientTransformation | None = None
     increments: torch.Tensor | None = None
 
-    def with_optimizer(self, optimizer: GradientTransformation | None) -> "DriftEstimation":
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> DriftEstimation:
         """This estimation updated by ``optimizer`` applied to G = -direction (its state in ``State.opt_state``)."""
-        return self.configure(optimizer=optimizer)
+        return dataclasses.replace(self, optimizer=optimizer)
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` for the observation state.x, and the optimiser state's fit."""
@@ -151,21 +153,27 @@ class DriftEstimation(Trainable):
         direction = tree_map(lambda g: g / dt, ascent)
         return state._replace(x=state.x + dw), StepInfo(quadratic / (2 * dt), tree_map(torch.neg, direction))
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Any,
-                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+    def advance(
+        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Any, reduce: GradientReduce | None = None
+    ) -> tuple[State, StepInfo]:
         """One SGDCT step on the observation x = state.x with increment dw; then x <- x + dw."""
         if reduce is not None:
-            raise ValueError("SGDCT on observed paths has no gradient to reduce across processes; "
-                             "run it in a single process")
+            raise ValueError(
+                "SGDCT on observed paths has no gradient to reduce across processes; run it in a single process"
+            )
         x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
         if self.optimizer is None:  # SGDCT's own update theta + alpha J' a^{-1} r
             estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
             new = state._replace(x=state.x + dw, theta=estimate.theta, t=estimate.t)
-            return (new._replace(average=average_step(state.average, new.theta, new.t)),
-                    StepInfo(info.loss, info.direction))
-        moved, info = self.propagate(state, dw, dt, plan)
-        direction = tree_map(torch.neg, info.gradient)
-        return update_parameters(moved, info.gradient, alpha, dt, self.optimizer), StepInfo(info.cost, direction)
+            return (
+                new._replace(average=average_step(state.average, new.theta, new.t)),
+                StepInfo(info.loss, info.direction),
+            )
+        moved, step_info = self.propagate(state, dw, dt, plan)
+        direction = tree_map(torch.neg, step_info.gradient)
+        return update_parameters(moved, step_info.gradient, alpha, dt, self.optimizer), StepInfo(
+            step_info.cost, direction
+        )
 
 
 def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
@@ -185,13 +193,16 @@ def check_inputs(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any)
     x = _checks.check_tensor(x, "x", dtype, device)
     dx = _checks.check_tensor(dx, "dx", dtype, device)
     if x.ndim not in (1, 2) or dx.shape != x.shape:
-        raise ValueError(f"x and dx must be an observation and its increment, both of shape (d,) "
-                         f"(or (paths, d)); got {tuple(x.shape)} and {tuple(dx.shape)}")
+        raise ValueError(
+            f"x and dx must be an observation and its increment, both of shape (d,) "
+            f"(or (paths, d)); got {tuple(x.shape)} and {tuple(dx.shape)}"
+        )
     evaluate_once(sde, state.theta, x if x.ndim == 1 else x[0], name="x")
 
 
-def step_with_info(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any,
-                   lr: LearningRate) -> tuple[SGDCTState, SGDCTInfo]:
+def step_with_info(
+    sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate
+) -> tuple[SGDCTState, SGDCTInfo]:
     """``step`` that also returns the ``SGDCTInfo`` at step n."""
     check_inputs(sde, state, x, dx, dt, lr)
     alpha = learning_rate(lr, state.t)
@@ -209,11 +220,22 @@ def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any
 
 def __getattr__(name: str) -> Any:
     if name == "fit":
-        raise AttributeError("sgdct.fit was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-                             "fwdtrain.run(sgdct.DriftEstimation(sde, increments=increments), sgdct.as_state(state, x0), "
-                             "len(increments), dt, lr)")
+        raise AttributeError(
+            "sgdct.fit was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
+            "fwdtrain.run(sgdct.DriftEstimation(sde, increments=increments), sgdct.as_state(state, x0), "
+            "len(increments), dt, lr)"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SGDCTState", "SGDCTInfo", "DriftEstimation", "as_state", "init", "step", "step_with_info", "advance",
-           "check_inputs"]
+__all__ = [
+    "DriftEstimation",
+    "SGDCTInfo",
+    "SGDCTState",
+    "advance",
+    "as_state",
+    "check_inputs",
+    "init",
+    "step",
+    "step_with_info",
+]

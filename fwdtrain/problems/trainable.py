@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
-from ..core import _checks
 from ..core._tree import leaves, squared_norm
 from ..core.kernel import GradientReduce, LearningRate, StepInfo, update_parameters
 from ..core.noise import BrownianNoise, Noise, NoiseLike, as_noise
@@ -70,8 +70,9 @@ class Trainable(abc.ABC):
         """theta, opt_state, t and average at n + 1 from G_n (``core.kernel.update_parameters``, the bound rule)."""
         return update_parameters(moved, gradient, alpha, dt, self.optimizer)
 
-    def advance(self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable,
-                reduce: GradientReduce | None = None) -> tuple[State, StepInfo]:
+    def advance(
+        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable, reduce: GradientReduce | None = None
+    ) -> tuple[State, StepInfo]:
         """One unchecked step: (state_{n+1}, StepInfo(cost_n, G_n)); ``reduce`` maps G_n before the update."""
         moved, info = self.propagate(state, dw, dt, plan)
         gradient = info.gradient if reduce is None else reduce(info.gradient)
@@ -81,21 +82,25 @@ class Trainable(abc.ABC):
         """What the history stores at a record: theta."""
         return state.theta
 
-    def configure(self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
-                  ) -> "Trainable":
+    def configure(
+        self, solver: Solver | str | None = None, optimizer: GradientTransformation | None = None
+    ) -> Trainable:
         """This problem with ``solver`` and ``optimizer`` bound (None keeps the problem's own)."""
         changes: dict[str, Any] = {}
         if optimizer is not None:
             if not isinstance(optimizer, GradientTransformation):
-                raise TypeError(f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. "
-                                f"fwdtrain.optim.adam()) or None, got {type(optimizer).__name__}")
+                raise TypeError(
+                    f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. "
+                    f"fwdtrain.optim.adam()) or None, got {type(optimizer).__name__}"
+                )
             changes["optimizer"] = optimizer
         if solver is not None:
             solver = as_solver(solver)
             if "solver" not in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
                 if solver != as_solver(None):
-                    raise ValueError(f"{type(self).__name__} takes no solver: it does not integrate an SDE; "
-                                     f"leave solver=None")
+                    raise ValueError(
+                        f"{type(self).__name__} takes no solver: it does not integrate an SDE; leave solver=None"
+                    )
             else:
                 changes["solver"] = solver
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[type-var]
@@ -115,15 +120,19 @@ class Trainable(abc.ABC):
             if saved is None:
                 return BrownianNoise(shape, float(dt), seed=noise, dtype=dtype, device=device)
             if BrownianNoise.kind not in saved:
-                raise ValueError(f"the run being continued drew user-supplied noise ({', '.join(saved)}); pass the "
-                                 f"same noise= again to continue it")
+                raise ValueError(
+                    f"the run being continued drew user-supplied noise ({', '.join(saved)}); pass the "
+                    f"same noise= again to continue it"
+                )
             return BrownianNoise.from_state_dict(saved, dtype, device)
-        source = as_noise(noise)
+        source = as_noise(noise)  # type: ignore[arg-type]  # an int was handled above
         if isinstance(source, BrownianNoise):
             source = source.copy()
             if source.shape != shape or source.dtype != dtype or source.device != device or source.dt != float(dt):
-                raise ValueError(f"the noise source {source!r} does not fit the run: expected shape {shape}, "
-                                 f"dt={float(dt)}, dtype={dtype} on {device}")
+                raise ValueError(
+                    f"the noise source {source!r} does not fit the run: expected shape {shape}, "
+                    f"dt={float(dt)}, dtype={dtype} on {device}"
+                )
             return source
         assert source is not None
         return source.copy().expect(shape, dtype, device)
@@ -149,4 +158,4 @@ class Trainable(abc.ABC):
         return None
 
 
-__all__ = ["Trainable", "Schedule"]
+__all__ = ["Schedule", "Trainable"]
