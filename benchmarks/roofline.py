@@ -20,7 +20,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fwdtrain as ft
-from fwdtrain.core.kernel import advance, resolve_step_mode
 
 from .problems import Problem
 
@@ -33,12 +32,12 @@ class Peaks(NamedTuple):
 def per_particle_step(problem: Problem, particles: int) -> tuple[float, float]:
     """(matmul flops, compulsory bytes) per particle-step for ``problem`` with N = ``particles``."""
     state = ft.init(problem.sde, problem.theta, problem.x0, particles)
-    m = ft.core.state.noise_dim(problem.sde, state.theta, state.x)
-    mode = resolve_step_mode("auto", state, m)
+    trainable = ft.problems.CostForm(problem.sde)
+    m = trainable.noise_shape(state)[1]
     dw = torch.zeros(particles, m, dtype=state.x.dtype)
     counter = FlopCounterMode(display=False)
     with counter:
-        advance(problem.sde, state, dw, problem.dt, 0.1, mode)
+        trainable.advance(state, dw, problem.dt, 0.1, trainable.plan(state))
     d = state.dim
     p = ft.core._tree.size(state.theta)
     itemsize = state.x.element_size()

@@ -114,3 +114,50 @@ class Loop(torch.nn.Module):
 
 
 __all__ = ["Loop", "StepFn", "Traced", "run_steps", "trace"]
+
+
+SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
+
+
+def _small(node: torch.fx.Node) -> bool:
+    """A matrix product small enough that a library call costs more than the arithmetic (1-particle steps)."""
+    shapes = [arg.meta["val"].shape for arg in node.args[-2:] if isinstance(arg, torch.fx.Node) and "val" in arg.meta]
+    if len(shapes) != 2:
+        return False
+    (*batch, m, k), (*_, k2, n) = shapes
+    size = m * k * n
+    for b in batch:
+        size *= b
+    return k == k2 and size <= SMALL_MATMUL
+
+
+def unfold_small_matmuls(graph: torch.fx.GraphModule) -> int:
+    """Write every small ``mm``/``bmm``/``addmm`` of a traced graph as a broadcast multiply and a sum over the
+    inner dimension, so that inductor fuses it into its loops instead of calling a BLAS routine per product
+    (1 to 2 us each, most of a one-particle step). The same maths; the sum's order may differ by rounding.
+    Returns the number of products rewritten."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        if (
+            node.op != "call_function"
+            or node.target not in (aten.mm.default, aten.bmm.default, aten.addmm.default)
+            or not _small(node)
+        ):
+            continue
+        with graph.graph.inserting_before(node):
+            a, b = node.args[-2:]
+            left = graph.graph.call_function(aten.unsqueeze.default, (a, -1))
+            right = graph.graph.call_function(aten.unsqueeze.default, (b, -3))
+            product = graph.graph.call_function(aten.mul.Tensor, (left, right))
+            out = graph.graph.call_function(aten.sum.dim_IntList, (product, [-2]))
+            if node.target == aten.addmm.default:
+                out = graph.graph.call_function(aten.add.Tensor, (node.args[0], out))
+        out.meta.update(node.meta)
+        node.replace_all_uses_with(out)
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.graph.lint()
+        graph.recompile()
+    return rewritten

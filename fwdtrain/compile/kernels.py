@@ -42,7 +42,6 @@ import optree
 import torch
 
 from .. import _compat
-from ..core import _checks
 from . import cache, graphs
 from .options import Compile
 
@@ -87,7 +86,10 @@ def _leaves(tree: Any) -> list[torch.Tensor]:
 
 
 def _concrete(tree: Any) -> bool:
-    return all(_checks.is_concrete(leaf) for leaf in optree.tree_leaves(tree))
+    """No leaf belongs to a ``torch.func`` transform or a trace (checked once for the tree, then per leaf)."""
+    if _compat.tracing():
+        return False
+    return not any(_compat.is_wrapped(leaf) for leaf in optree.tree_leaves(tree))
 
 
 @contextlib.contextmanager
@@ -220,6 +222,7 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Packag
     """Trace ``step`` once and wrap it in ``graphs.Loop``; (its package, the carry's pytree spec)."""
     example_step = optree.tree_map(lambda block: block[0], inputs)
     traced = graphs.trace(step, (carry, example_step))
+    graphs.unfold_small_matmuls(traced.graph)
     _COUNTS["traces"] += 1
     input_leaves, _ = optree.tree_flatten(inputs)
     carry_leaves, carry_spec = optree.tree_flatten(carry)

@@ -77,16 +77,17 @@ class Eager:
 
 def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
     """alpha(t_k) for the steps start .. start + count - 1 of a block of ``length`` (zeros elsewhere), with
-    t_k = t + dt + ... + dt accumulated as the step accumulates it (float64): (length, *t.shape)."""
-    clocks = [t]
+    t_k = t + dt + ... + dt accumulated as the step accumulates it (float64 sums, the same in Python as in the
+    tensor arithmetic of the step): (length, *t.shape)."""
+    rows = [t.double().reshape(-1).tolist()]
     for _ in range(count - 1):
-        clocks.append(clocks[-1] + dt)
-    times = torch.stack(clocks)
+        rows.append([value + dt for value in rows[-1]])
+    times = torch.tensor(rows, dtype=torch.float64, device=t.device).reshape((count, *t.shape))
     try:
         alphas = torch.as_tensor(schedule(times))
         alphas = alphas.broadcast_to(times.shape) if alphas.shape != times.shape else alphas
     except (RuntimeError, TypeError, ValueError):  # a schedule that takes one clock at a time
-        alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in clocks])
+        alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
     out = torch.zeros((length, *t.shape), dtype=alphas.dtype, device=t.device)
     out[start : start + count] = alphas
     return out
@@ -104,7 +105,7 @@ class Compiled:
 
     def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
         alphas = block_rates(self.s.schedule, carry.state.t, self.s.dt, start, count, block.shape[0])
-        info = carry.info if carry.info is not None else _zero_info(self.s, carry.state, block[start], alphas[start])
+        info = carry.info if carry.info is not None else zero_info(carry.state)
         state, total, info = self.kernel(count, start, (block, alphas), (carry.state, carry.total, info))
         carry = Carry(state, carry.n + count, total, info)
         set_carry(carry)
@@ -130,11 +131,12 @@ class Split:
         return carry
 
 
-def _zero_info(s: Stepping, state: State, dw: torch.Tensor, alpha: torch.Tensor) -> StepInfo:
-    """A StepInfo of zeros shaped like the step's (the compiled loop's carry before its first step): one eager
-    step, its result discarded (fake tensors do not carry functorch's zero gradients in torch 2.13)."""
-    _, info = s.problem.advance(state, dw, s.dt, alpha, s.plan)
-    return tree_map(torch.zeros_like, info)
+def zero_info(state: State) -> StepInfo:
+    """A StepInfo of zeros shaped like every problem's (``Trainable.propagate``): a cost of the clock's shape
+    (0-d, or (E,) per member) and x's dtype, a gradient like theta. The compiled loop's carry before its first step."""
+    return StepInfo(
+        torch.zeros(state.t.shape, dtype=state.x.dtype, device=state.x.device), tree_map(torch.zeros_like, state.theta)
+    )
 
 
 def _template(s: Stepping, state: State, block: torch.Tensor) -> tuple[Any, Any]:
@@ -142,9 +144,8 @@ def _template(s: Stepping, state: State, block: torch.Tensor) -> tuple[Any, Any]
     its rates."""
     t = state.t
     alphas = torch.as_tensor(s.schedule(t)).broadcast_to(t.shape).expand((block.shape[0], *t.shape)).clone()
-    info = _zero_info(s, state, block[0], alphas[0])
     total = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
-    return (state, total, info), (block, alphas)
+    return (state, total, zero_info(state)), (block, alphas)
 
 
 def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Compile) -> Compiled | Split:
@@ -153,7 +154,6 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
     key = (s.problem, s.plan, s.dt)
     if s.reduce is not None:
         alpha = torch.as_tensor(s.schedule(state.t))
-        moved, info = s.problem.propagate(state, block[0], s.dt, s.plan)
         propagate = function_kernel(
             lambda st, d: s.problem.propagate(st, d, s.dt, s.plan),
             (state, block[0]),
@@ -163,7 +163,7 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
         )
         update = function_kernel(
             lambda m, g, a: s.problem.update(m, g, a, s.dt),
-            (moved, info.gradient, alpha),
+            (state, zero_info(state).gradient, alpha),
             key=(*key, "update"),
             options=options,
             what="the parameter update",

@@ -63,7 +63,8 @@ class Trainable(abc.ABC):
 
     @abc.abstractmethod
     def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
-        """The state with x (and x_tilde) at n + 1 (theta, t untouched) and StepInfo(cost_n, G_n)."""
+        """The state with x (and x_tilde) at n + 1 (theta, t untouched) and StepInfo(cost_n, G_n): a cost of
+        the clock's shape and x's dtype, a gradient shaped like theta."""
 
     # ---- what the base class gives ----
     def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
