@@ -47,10 +47,11 @@ def compare(example: Any, learned: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _metrics(example: Any, state: Any) -> dict[str, Any]:
-    metrics = compare(example, example.evaluate(state.theta))
+def _metrics(example: Any, state: Any, solver: str) -> dict[str, Any]:
+    """Learned against reference, measured with the solver the run trained with."""
+    metrics = compare(example, example.measure(state.theta, solver))
     if isinstance(state.average, optim.Average) and int(state.average.count) > 0:
-        averaged = compare(example, example.evaluate(state.average.mean))
+        averaged = compare(example, example.measure(state.average.mean, solver))
         for name, entry in metrics.items():
             if name in averaged:
                 entry["averaged"] = averaged[name]["learned"]
@@ -81,7 +82,7 @@ def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | 
     plot = error = None
     note = plotting.INSTALL_HINT if not job.args.no_plot and job.members is None and not plotting.available() else None
     try:
-        metrics = _metrics(example, state)
+        metrics = _metrics(example, state, job.training["solver"])
         if plot_path is not None:
             try:
                 plot = _plot(job, example, state, history, plot_path)

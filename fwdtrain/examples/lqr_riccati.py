@@ -196,7 +196,7 @@ def lqr_problem(
         jac = torch.func.jacrev(lambda x: apply(theta, x))(torch.zeros(d, dtype=dtype))
         return -jac.double().numpy()
 
-    def evaluate(theta) -> dict[str, float]:
+    def evaluate(theta, solver=None) -> dict[str, float]:
         gain = gain_of(theta)
         error = float(np.linalg.norm(gain - solution.gain) / np.linalg.norm(solution.gain))
         if control == "linear":
