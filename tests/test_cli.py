@@ -273,3 +273,11 @@ def test_a_solver_that_does_not_fit_the_problem_is_refused_before_the_first_step
     assert cli.main([problem, "--solver", solver, "--no-plot", "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["exit_status"] == 2 and re.search(message, out["error"]["message"])
+
+
+def test_resuming_from_a_file_that_is_not_a_checkpoint_says_so(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("not a checkpoint\n")
+    assert cli.main(["--resume", str(path), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a fwdtrain checkpoint" in err and "truncated" not in err and "KeyError" not in err

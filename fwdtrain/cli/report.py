@@ -101,7 +101,7 @@ def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, 
         "problem": job.problem,
         "steps": history.steps,
         "steps_this_run": taken,
-        "t": round(float(state.t), 10),
+        "t": round(history.steps * example.dt, 10),  # the nominal time: a float32 clock drifts by ulps per step
         "dt": example.dt,
         "particles": example.particles,
         "processes": job.size,
@@ -136,7 +136,7 @@ def single_result(job: Job, trained: Trained) -> dict[str, Any]:
         "metrics": evaluation.metrics,
         "plot": evaluation.plot,
         "plot_error": evaluation.plot_error,
-        "plot_note": "; ".join(notes) or None,
+        "notes": notes,
         "checkpoint": None if trained.unsaved else job.args.checkpoint,
         "checkpoint_error": trained.unsaved,
         "interrupted": bool(history.interrupted) or evaluation.interrupted,
@@ -166,7 +166,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
                 "metrics": evaluation.metrics,
                 "plot": None,
                 "plot_error": None,
-                "plot_note": evaluation.note,
+                "notes": [evaluation.note] if evaluation.note else [],
                 "checkpoint": None,
                 "interrupted": bool(history.interrupted) or evaluation.interrupted,
                 "diverged": bool(history.diverged[e]),
@@ -194,7 +194,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
         "checkpoint_error": trained.unsaved,
         "plot_error": None,
         "interrupted": bool(history.interrupted) or cut_short,
-        "note": _nothing_left(job),
+        "notes": [n for n in (_nothing_left(job),) if n],
     }
 
 
@@ -227,9 +227,14 @@ def table(result: dict[str, Any]) -> str:
             f"learned: the last iterate; averaged: the mean of theta over the {result['averaged_iterates']} "
             f"iterates with t >= {result['average_from']:g} (--average-from)"
         )
+    this_run = (
+        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s"
+        if result["steps_this_run"]
+        else "none this run"
+    )
     lines.append(
-        f"steps {result['steps']} in total (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
-        f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s"
+        f"steps {result['steps']} in total (t = {result['t']:.6g}), {this_run}; "
+        f"evaluation {result['evaluate_s']:.1f} s"
     )
     lines += _tail(result)
     return "\n".join(lines)
@@ -248,7 +253,7 @@ def _tail(result: dict[str, Any]) -> list[str]:
         lines.append(f"checkpoint: {result['checkpoint']}")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
-    lines.extend(result[key] for key in ("plot_note", "note") if result.get(key))
+    lines.extend(result.get("notes", []))
     if result.get("plot_error"):
         lines.append(f"plot NOT written: {result['plot_error']}")
     if result.get("checkpoint_error"):

@@ -232,21 +232,22 @@ class Loop:
         t0 = float(last.state.t.amax())
         dt = float(self.stepping.dt)
         first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
+        at = f"at step {first} (t = {t0 + (first - last.n) * dt:.6g})"
         if culprit is not None:
             detail = (
-                f"x, x_tilde or theta became non-finite{limit} at step {first}: the {culprit} returned NaN or "
-                f"inf at the particles of step {first - 1}"
+                f"x, x_tilde or theta became non-finite{limit} {at}: the {culprit} returned NaN or inf at the "
+                f"particles of step {first - 1}"
             )
         elif first < n:
             detail = (
-                f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem "
-                f"was finite at step {first - 1})"
+                f"x, x_tilde or theta became non-finite{limit} {at} (every function of the problem was finite at "
+                f"step {first - 1})"
             )
         else:
             detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
         what = "the run" if self.members is None else "every member of the ensemble"
         return DivergenceError(
-            f"{what} diverged: {detail} (t = {t0 + (first - last.n) * dt:.6g}); the last checked state, of step "
+            f"{what} diverged: {detail}; the last checked state, of step "
             f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step",
             step=first,
             last_finite_step=last.n,
