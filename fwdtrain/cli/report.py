@@ -233,8 +233,7 @@ def table(result: dict[str, Any]) -> str:
         else "none this run"
     )
     lines.append(
-        f"steps {result['steps']} in total (t = {result['t']:.6g}), {this_run}; "
-        f"evaluation {result['evaluate_s']:.1f} s"
+        f"steps {result['steps']} in total (t = {result['t']:.6g}), {this_run}; evaluation {result['evaluate_s']:.1f} s"
     )
     lines += _tail(result)
     return "\n".join(lines)
