@@ -244,12 +244,12 @@ def milstein_correction(
     forward = _compat.forward_mode_traceable()
     if sigma.ndim == 1:
         jacobian = (jacfwd if forward else jacrev)(lambda x_: diffusion(theta, x_))(x)
-        return sigma * jacobian.diagonal()
+        return sigma * _compat.in_dtype(jacobian.diagonal(), sigma.dtype)
     column = lambda x_: diffusion(theta, x_)[:, 0]
     if not forward:
         return jacrev(column)(x) @ sigma[:, 0]
     _, derivative = jvp(column, (x,), (sigma[:, 0],))  # type: ignore[misc]
-    return derivative
+    return _compat.in_dtype(derivative, sigma.dtype)
 
 
 def inferred_noise_type(sigma: torch.Tensor) -> NoiseType:

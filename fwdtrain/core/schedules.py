@@ -112,3 +112,6 @@ def staged(scale: Parameter) -> Schedule:
     """The seed's schedule: C up to t = 50, C/2 up to 100, C/5 up to 500, C/10 after."""
     scale = _parameter(scale, "staged", "scale")
     return piecewise_constant([scale, scale / 2, scale / 5, scale / 10], [50.0, 100.0, 500.0])
+
+
+__all__ = ["Parameter", "Schedule", "constant", "inverse_time", "piecewise_constant", "staged"]

@@ -127,13 +127,11 @@ def stationary_cost(
     x = x0.expand(particles, -1).clone()
     total = torch.zeros(particles, dtype=torch.float64, device=device)
 
-    def step(
-        carry: tuple[torch.Tensor, torch.Tensor], inputs: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x_n, total_n = carry
+    def step(carry: tuple[torch.Tensor, torch.Tensor, Theta], inputs: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        x_n, total_n, theta_ = carry  # theta is carried (unchanged), not closed over: one kernel for every theta
         dw, counted = inputs
-        x_next, cost = frozen_step(sde, theta, x_n, dw, dt, scheme)
-        return x_next, torch.where(counted, total_n + cost.double(), total_n)
+        x_next, cost = frozen_step(sde, theta_, x_n, dw, dt, scheme)
+        return x_next, torch.where(counted, total_n + cost.double(), total_n), theta_
 
     length = min(options.chunk, steps)
     chooser = _Chooser(options, steps)
@@ -146,14 +144,14 @@ def stationary_cost(
             i = 0
             while i < count and not chooser.decided:  # eager steps, timed, until compiling is decided
                 clock = time.perf_counter()
-                x, total = step((x, total), (block[i], counted[i]))
+                x, total, _ = step((x, total, theta), (block[i], counted[i]))
                 if n + i == 0:
                     _refuse_transformed(x)  # the SDE closes over a tensor of an enclosing transform
                 chooser.timed(
                     time.perf_counter() - clock,
                     lambda: loop_kernel(
                         step,
-                        (x, total),
+                        (x, total, theta),
                         (block, counted),
                         key=(sde, float(dt), scheme, "frozen"),
                         options=options._replace(enabled=True),
@@ -163,10 +161,10 @@ def stationary_cost(
                 )
                 i += 1
             if i < count and chooser.kernel is not None:
-                x, total = chooser.kernel(count - i, i, (block, counted), (x, total))
+                x, total, _ = chooser.kernel(count - i, i, (block, counted), (x, total, theta))
             else:
                 for k in range(i, count):
-                    x, total = step((x, total), (block[k], counted[k]))
+                    x, total, _ = step((x, total, theta), (block[k], counted[k]))
             n += count
     total = total / (steps - burn_in)
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())

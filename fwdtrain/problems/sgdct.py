@@ -53,10 +53,10 @@ class SGDCTInfo(NamedTuple):
 def init(theta: Theta, *, allow_low_precision: bool = False) -> SGDCTState:
     """The estimator at t = 0 with a copy (``clone``: transparent to ``torch.func`` transforms) of theta.
 
-    theta must be float32 or float64 unless ``allow_low_precision=True``.
+    theta must be float32 or float64 unless ``allow_low_precision=True``; the clock t is float64 (no drift).
     """
-    dtype, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
-    return SGDCTState(tree_map(torch.clone, theta), torch.zeros((), dtype=dtype, device=device))
+    _, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
+    return SGDCTState(tree_map(torch.clone, theta), torch.zeros((), dtype=torch.float64, device=device))
 
 
 def _weighted_residual(sigma: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
