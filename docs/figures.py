@@ -27,15 +27,15 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-import fwdtrain as ft  # noqa: E402
-from fwdtrain.cli.configure import prepare  # noqa: E402
-from fwdtrain.cli.parser import parse  # noqa: E402
-from fwdtrain.cli.report import render, report  # noqa: E402
-from fwdtrain.cli.train import train  # noqa: E402
+import fwdtrain as ft
+from fwdtrain.cli.configure import prepare
+from fwdtrain.cli.parser import parse
+from fwdtrain.cli.report import render, report
+from fwdtrain.cli.train import train
 
 DOCS = Path(__file__).resolve().parent
 QUICK = ["--total-steps", "40", "--particles", "4", "--record-every", "10"]
@@ -138,7 +138,9 @@ def noisy_control(job: Any, result: Any, axes: list[Any]) -> None:
     axes[0].plot(ks, [ft.examples.noisy_cost(k, beta) for k in ks], label="J(k), closed form")
     learned = float(result.state.theta["gain"])
     axes[0].axvline(optimum, label=f"k* = {optimum:.4f}", **REFERENCE)
-    axes[0].plot([learned], [ft.examples.noisy_cost(learned, beta)], "o", color="tab:red", label=f"learned {learned:.4f}")
+    axes[0].plot(
+        [learned], [ft.examples.noisy_cost(learned, beta)], "o", color="tab:red", label=f"learned {learned:.4f}"
+    )
     axes[0].set_xlabel("gain k")
     axes[0].set_title("stationary cost of u = -k x")
     axes[0].legend(fontsize=8)
