@@ -29,7 +29,12 @@ from ..core.state import evaluate_once
 
 
 class CostEstimate(NamedTuple):
-    """Time-and-particle average of c after burn-in, with its standard error over particles."""
+    """What ``stationary_cost`` returns.
+
+    Attributes:
+        mean: The time-and-particle average of c after burn-in.
+        stderr: Its standard error over particles (the particles are independent; time averages are not).
+    """
 
     mean: float
     stderr: float
@@ -101,9 +106,21 @@ def stationary_cost(
 ) -> CostEstimate:
     """J(theta) ~ (1 / (N (steps - burn_in))) sum_i sum_{n >= burn_in} c(X_n^i, theta), theta frozen.
 
-    Simulates X alone (no sensitivity) with ``solver`` (default ``Euler()``) and step ``dt`` from x0 (d,) for
-    ``particles`` particles, noise from a generator seeded with ``seed``. ``compile`` as for ``run``: "auto"
-    compiles the loop when the evaluation is long enough to repay it (timed on its first steps).
+    Simulates X alone (no sensitivity) with theta frozen and returns Python floats: for reports and
+    references. Inside a transform use ``fwdtrain.core.evaluate.average_cost``, which is differentiable.
+
+    Args:
+        sde: The problem (``SDE`` or ``ControlledSDE``).
+        theta: The parameters, frozen.
+        x0: The initial point of every particle, shape (d,).
+        particles: N (default 1000).
+        dt: The step h (default 0.01).
+        steps: Steps in all (default 20,000).
+        burn_in: Steps left out of the average at the start (default 2,000).
+        seed: Seed of the evaluation's own noise generator.
+        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
+        compile: As for ``run``: ``"auto"`` compiles the loop when the evaluation is long enough to repay
+            it (timed on its first steps).
 
     Returns:
         ``CostEstimate(mean, stderr)``, the standard error over particles.
