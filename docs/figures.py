@@ -40,7 +40,7 @@ from fwdtrain.cli.train import train
 DOCS = Path(__file__).resolve().parent
 QUICK = ["--total-steps", "40", "--particles", "4", "--record-every", "10"]
 # Options beyond the defaults, shown on the problem's page with its command.
-EXTRA = {"sgdct-ou": ["--no-compile"]}  # a compiled single-path SGDCT run diverges in 0.3.0 (reported)
+EXTRA: dict[str, list[str]] = {}  # extra command-line options per problem
 REFERENCE = dict(color="black", linestyle="--", linewidth=1.0)
 
 
