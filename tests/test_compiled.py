@@ -327,3 +327,22 @@ def test_a_cost_with_its_own_theta_term_compiles_in_float32():
         compiled = ft.run(sde, state, 30, 0.01, schedule, 1, compile=ft.Compile(True, route="dynamo", backend="eager"))
     eager = ft.run(sde, state, 30, 0.01, schedule, 1, compile=False)
     assert_trees_close(compiled.state.theta, eager.state.theta, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_an_unrolled_loop_equals_eager_for_counts_that_are_not_multiples_of_its_unroll():
+    ex, state = small_problem()
+    options = dict(save=ft.SaveAt(10), checks=ft.Checks(10))
+    eager, _ = ft.run(ex.sde, state, 27, DT, ex.lr, 3, compile=False, **options)
+    unrolled, _ = ft.run(ex.sde, state, 27, DT, ex.lr, 3, compile=ft.Compile(True, unroll=3), **options)
+    assert_trees_close(unrolled, eager)  # segments of 1, 9, 10 and 7 steps: whole and partial iterations
+
+
+def test_unroll_is_checked_and_is_what_0_2s_fuse_became():
+    with pytest.raises(ValueError, match=r"Compile\(unroll=...\)"):
+        ft.compile.options.as_compile(ft.Compile(True, unroll=0))
+    from fwdtrain.driver.legacy import translate
+
+    _, kwargs, said = translate((), {"compile": "auto"}, {"fuse": 4})
+    assert kwargs["compile"] == ft.Compile(True, unroll=4) and "unroll=K" in said[0]

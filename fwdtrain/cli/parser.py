@@ -113,7 +113,13 @@ def _output_options(add: Callable[..., Any]) -> None:
         help="compile the step (traced once; kept on disk, so a later run loads it); --no-compile: eager. "
         "Default: compile when the run is long enough to repay it, as measured on this machine",
     )
-    add("--fuse", type=_positive_int, metavar="K", help=argparse.SUPPRESS)  # 0.2: fusing is automatic in 0.3
+    add(
+        "--fuse",
+        type=_positive_int,
+        metavar="K",
+        help="compiled runs take K steps per iteration of their loop (fwdtrain.Compile(unroll=K)): less overhead "
+        "per step for small problems, a longer first compile (default 1)",
+    )
     add(
         "--checkpoint",
         metavar="PATH",
@@ -215,11 +221,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     helping = any(word in ("-h", "--help") for word in argv)
     args = build_parser(helping).parse_args(with_problem(argv))
     if args.fuse is not None and args.compile is False:
-        raise UsageError(
-            f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one "
-            f"(in fwdtrain 0.3 compiled runs take every run of steps between two events in one call: "
-            f"--fuse is no longer needed)"
-        )
+        raise UsageError(f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one")
     return args, named
 
 

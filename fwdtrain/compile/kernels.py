@@ -241,8 +241,9 @@ def _restrided(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return out.copy_(tensor)
 
 
-def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Package, Any]:
-    """Trace ``step`` once and wrap it in ``graphs.Loop``; (its package, the carry's pytree spec)."""
+def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1) -> tuple[_Package, Any]:
+    """Trace ``step`` once and wrap it in ``graphs.Loop`` (``unroll`` steps per iteration); (its package, the
+    carry's pytree spec)."""
     example_step = optree.tree_map(lambda block: block[0], inputs)
     traced = graphs.trace(step, (carry, example_step))
     graphs.unfold_small_matmuls(traced.graph)
@@ -252,8 +253,8 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Packag
     count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
     example = [count, start, *input_leaves, *carry_leaves]  # would alias one
     options = inductor_options(carry)
-    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, "loop")
-    module = graphs.Loop(traced.graph, len(input_leaves))  # the traced step takes (carry leaves, input leaves)
+    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}")
+    module = graphs.Loop(traced.graph, len(input_leaves), unroll)  # the traced step takes (carry leaves, input leaves)
     return _Package(module, example, key, options, traced.nodes), carry_spec
 
 
@@ -272,7 +273,7 @@ class LoopKernel:
         self.checked = not options.verify
         if options.route == "aot":
             try:
-                self.package, self.carry_spec = _loop_package(step, carry, inputs)
+                self.package, self.carry_spec = _loop_package(step, carry, inputs, options.unroll)
                 return
             except Exception as error:
                 self._fall_back(error)
