@@ -99,7 +99,7 @@ def advance(
     Pure and transformable (``torch.func.grad``, ``vmap``, ...): no ``no_grad``, no ``.item()``.
     """
     ascent, quadratic = _ascent(sde, state.theta, x, dx, dt)
-    theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
+    theta = tree_map(lambda th, g: th + (alpha * g).to(th.dtype), state.theta, ascent)  # alpha(t): float64 clock
     info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
     return SGDCTState(theta, state.t + dt), info
 
