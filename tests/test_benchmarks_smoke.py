@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # minutes in all; .ci/run runs them (pytest -m slow)
 ROOT = Path(__file__).resolve().parent.parent
 HAS_JAX = importlib.util.find_spec("jax") is not None
 

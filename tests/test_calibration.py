@@ -29,6 +29,7 @@ def _exact_gradient(mean, scale):
     return {"mean": 2 * (e1 + e2 * 2 * mean), "scale": 2 * e2 * scale / KAPPA}
 
 
+@pytest.mark.slow
 def test_gradient_matches_closed_form():
     """theta frozen at (mean, scale) = (0.5, 0.8): the time mean of G estimates (-2.86, -1.49).
 
@@ -78,6 +79,7 @@ def test_split_estimator_is_unbiased_where_one_group_is_not():
     assert abs(one_group - exact) > 0.4 * exact
 
 
+@pytest.mark.slow
 def test_ou_training_reaches_closed_form():
     """From (mean, scale) = (0, 0.5), i.e. 100% and 50% off (variance 75% off), a short run (t = 30) gets
     within 10% of the closed-form mean = 1 and scale = 1 and 20% of the variance 0.5 (= 2 x the scale's
@@ -117,6 +119,7 @@ def test_errors():
         )
 
 
+@pytest.mark.slow
 def test_double_well_gradient_matches_quadrature():
     """theta frozen at (a, b) = (0.5, 1.5): the time mean of G estimates 2 sum_j (E phi_j - m_j) dE phi_j/dtheta,
     here computed from quadrature moments and central differences of them (no simulation). Tolerance 25% of

@@ -52,6 +52,7 @@ def registry(monkeypatch):
     monkeypatch.setitem(examples.REGISTRY, "boom", boom)
 
 
+@pytest.mark.slow
 def test_module_entry_point_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -166,6 +167,7 @@ def test_default_problem_and_help(capsys):
     assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()
 
 
+@pytest.mark.slow
 def test_calibration_and_sgdct_compile_through_the_cli_and_equal_eager(capsys):
     """0.2: every problem trains through run, so --compile (and --fuse) apply to the calibrations and SGDCT."""
     results = {}
@@ -235,6 +237,7 @@ def test_ensemble_with_an_optimizer_and_averaging(registry, capsys):
         assert "averaged" in m["metrics"]["slope"]
 
 
+@pytest.mark.slow
 def test_solver_heun_at_five_times_the_step_reaches_the_seed_problems_optimal_cost(capsys):
     """`--solver heun --dt 0.05` on the seed problem: the cost, measured with Heun at the same step, is within the
     Heun chain's closed-form bias (0.26% in the gain, second order in the cost) plus Monte Carlo error, where

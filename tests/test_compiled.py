@@ -90,6 +90,7 @@ def test_a_new_process_loads_the_kernel_from_disk_without_compiling(tmp_path):
     assert counts["diff"] < 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_step_with_compile_equals_the_eager_step():
     ex, state = small_problem()
@@ -194,6 +195,7 @@ def test_when_every_route_fails_the_step_runs_eagerly_after_one_warning_line(cap
     kernels.clear()
 
 
+@pytest.mark.slow
 def test_the_dynamo_route_equals_eager_and_respects_the_recompile_limit():
     """route="dynamo" (backend "eager": quick): equal to eager; twelve problems in one process each get a kernel
     of their own (dynamo counts its recompile limit of 8 per code object)."""
@@ -253,6 +255,7 @@ def test_the_loop_kernel_equals_its_eager_meaning():
     assert math.isclose(float(leaves(expected)[-1]), float(flat[-1]))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_a_float32_run_with_a_clock_dependent_rate_equals_eager():
     """The compiled loop's rates alpha(t_k) come from clocks rounded as the float32 step rounds them, and in the
@@ -266,6 +269,7 @@ def test_a_float32_run_with_a_clock_dependent_rate_equals_eager():
     assert_trees_close(compiled.theta, eager.theta, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_kernel_refuses_inputs_of_another_dtype_instead_of_reading_garbage():
     _, state = small_problem()
     kernel = kernels.function_kernel(
@@ -298,6 +302,7 @@ def test_the_frozen_theta_kernel_takes_theta_as_input_so_each_theta_gets_its_own
     assert kernels.counts()["compiles"] == compiles  # the second theta compiled nothing
 
 
+@pytest.mark.slow
 def test_inputs_laid_out_otherwise_are_copied_to_the_kernels_layout():
     kernel = kernels.function_kernel(
         lambda a: a @ a.T,

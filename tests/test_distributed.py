@@ -456,6 +456,7 @@ def _torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
     """The real launcher and the real command line: rank 0 alone prints, plots and writes one checkpoint
     with both ranks' particles; resuming it under torchrun equals the uninterrupted group run bitwise."""
@@ -502,6 +503,7 @@ def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
     assert cli.main(["--resume", str(tmp_path / "a.pt"), "--steps", "120", "--no-plot"]) == 2
 
 
+@pytest.mark.slow
 def test_benchmark_quick(monkeypatch, capsys):
     """benchmarks/distributed.py --quick: one line per process count."""
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

@@ -315,6 +315,7 @@ def test_helpers_and_errors_before_any_step():
         ft.run(en.Ensemble(sde, 3), bad, 1, DT, 0.1)
 
 
+@pytest.mark.slow
 def test_inductor_compiles_the_vmapped_step():
     """One real inductor compile (~20 s cold): no fallback to eager, the same numbers as eager."""
     import warnings

@@ -26,6 +26,7 @@ def _continuous_gradient(k: float) -> float:
     return (k * k + 2 * k - 1) / (2 * (1 + k) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0.2, 1.0])
 def test_gradient_estimate_matches_the_analytic_derivative(k):
     sde = ft.ControlledSDE(

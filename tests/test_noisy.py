@@ -80,6 +80,7 @@ def test_stationary_gradient_matches_closed_form():
     assert abs(total / steps - noisy_cost_derivative(k, BETA)) < 0.06
 
 
+@pytest.mark.slow
 def test_training_reaches_the_closed_form_optimum():
     """From k = 1, 3000 steps reach k* = 0.3028 (beta = 1) within 0.04; the beta = 0 optimum 0.4142 that a
     drift-only sensitivity would train to is 0.11 away."""

@@ -71,6 +71,6 @@ def test_single_path_and_errors():
 
 
 def test_the_clock_is_float64_so_a_long_float32_run_ends_at_its_time():
-    ex = sgdct_ou(particles=2, steps=20_000)
+    ex = sgdct_ou(particles=2, steps=5_000)  # a float32 clock is off by about 1e-4 here
     state, _ = ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(0), compile=False)
-    assert state.t.dtype == torch.float64 and abs(float(state.t) - 200.0) < 1e-9
+    assert state.t.dtype == torch.float64 and abs(float(state.t) - 50.0) < 1e-9

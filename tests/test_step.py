@@ -151,6 +151,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+@pytest.mark.slow
 def test_memory_is_flat_over_20000_steps():
     """20,000 steps through the driver's loop over the step kernel: no graph, no growing allocation."""
     sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x**2).sum())

@@ -1,3 +1,5 @@
+import pytest
+
 """The seed's problem trains to the known optimum: slope -(sqrt(2) - 1), stationary cost sqrt(2) - 1."""
 
 import math
@@ -9,6 +11,7 @@ import fwdtrain as ft
 OPTIMUM = math.sqrt(2) - 1
 
 
+@pytest.mark.slow
 def test_seed_problem_trains_to_the_lqr_optimum():
     ex = ft.examples.lqr_1d(seed=0)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=ex.particles)
