@@ -124,12 +124,10 @@ def _relative(name: str, value: float, reference: float) -> float:
 
 def run_case(case: Case, quick: bool) -> list[dict]:
     example = case.build(quick)
-    state = ft.init(example.sde, example.theta, example.x0, example.particles)
     start = time.perf_counter()
-    if example.train is None:
-        state, _ = ft.run(example.sde, state, example.steps, example.dt, example.lr, noise=0)
-    else:
-        state, _ = example.train(state, example.steps, seed=0)
+    state, _ = ft.run(
+        example.trainable, example.initial_state(), example.steps, example.dt, example.lr, example.noise(0)
+    )
     wall = time.perf_counter() - start
     learned = example.evaluate(state.theta)
     results = {name: (learned[name], reference) for name, reference in example.reference.items()}
