@@ -48,8 +48,12 @@ def test_bench_step_quick(tmp_path):
 
 def test_time_to_result_quick(tmp_path):
     rows = run_module("time_to_result", tmp_path, "--quick")["rows"]
-    assert {row["variant"] for row in rows} == {"fwdtrain eager"} | ({"jax hand"} if HAS_JAX else set())
-    assert all(row["seconds"] > 0 for row in rows)
+    found = {(row["variant"], row["cache"]) for row in rows}
+    expected = {("fwdtrain eager", "-"), ("fwdtrain compiled", "cold"), ("fwdtrain compiled", "warm")}
+    assert found == expected | ({("jax hand", "-")} if HAS_JAX else set())
+    assert all(row["call_s"] > 0 and row["process_s"] > row["call_s"] for row in rows)
+    warm = next(row for row in rows if row["cache"] == "warm")["samples"][0]
+    assert warm["kernels"]["fallbacks"] == 0
 
 
 def test_bench_memory_quick(tmp_path):
