@@ -107,7 +107,8 @@ class Loop(torch.nn.Module):
         def body(i: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
             index = (start + i).reshape(1)
             step_inputs = [block.index_select(0, index).squeeze(0) for block in blocks]
-            return (i + 1, *self.step(*state, *step_inputs))
+            out = self.step(*state, *step_inputs)  # a leaf the step passes through (t0 of an average) is copied:
+            return (i + 1, *(leaf.clone() if any(leaf is s for s in state) else leaf for leaf in out))  # no aliasing
 
         zero = torch.zeros((), dtype=torch.int64, device=count.device)
         return tuple(while_loop(condition, body, (zero, *carry))[1:])
