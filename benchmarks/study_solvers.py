@@ -247,7 +247,8 @@ def closed_form_gain_map(name: str, k: float, h: float) -> tuple[float, float]:
 
 
 def discrete_optimum(cost_of_gain: Any) -> float:
-    """argmin over k in (0, 1) of a smooth, convex stationary cost (golden-section search to 1e-12)."""
+    """argmin over k in (0, 1) of a smooth, convex stationary cost (bounded Brent search; the cost is flat at its
+    minimum, so k is found to about 1e-7)."""
     from scipy.optimize import minimize_scalar
 
     found = minimize_scalar(cost_of_gain, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12})
