@@ -8,8 +8,11 @@ Each variant takes segments of ``--segment`` steps (2,048 by default): fwdtrain 
 ``ft.run(problem, run, segment, dt, lr)`` with the previous ``Run`` (default options: a record and a check
 every 100 steps), eager or compiled; JAX runs a jitted ``lax.scan`` of the same length (``jax_impl``:
 fwdtrain's generic work; ``jax_hand``: the 1-D problem specialised by hand, only u differentiated). Noise
-generation is part of the timed work everywhere. Medians over round-robin repeats; the compile (or trace and
-load) of each variant's first segment is reported apart. Writes JSON to benchmarks/results/bench_step.json.
+generation is part of the timed work everywhere. The seed loop (one particle, autograd, in place) runs beside
+every lqr-1d size: its particle-steps/s is what N of its loops would give. Medians over round-robin repeats;
+the compile (or trace and load) of each variant's first segment is reported apart, and issue 18's
+steady-state targets (compiled against the hand JAX program) are printed. Writes JSON to
+benchmarks/results/bench_step.json.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +31,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain.compile import kernels
 
-from . import problems, roofline, seed_loop
+from . import machine, problems, roofline, seed_loop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -177,7 +179,7 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
         fwdtrain_variant(problem, particles, args.segment, compiled, "fwdtrain compiled"),
         *jax_variants(problem, particles, args.segment),
     ]
-    if name == "lqr-1d" and particles == 1:
+    if name == "lqr-1d":  # one particle per loop: its particle-steps/s is the reference at every N
         variants.insert(0, seed_variant(min(args.segment, 512)))
     results = measure(variants, args.repeats or (3 if args.quick else 5))
     rates = {
@@ -205,6 +207,27 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
+TARGETS = {1: 1.0, 100: 1.0, 10_000: 5.0}  # issue 18: compiled particle-steps/s over the hand JAX program's
+
+
+def print_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 18's steady-state targets for the compiled rows of lqr-1d against the hand JAX program."""
+    out = []
+    for row in rows:
+        target = TARGETS.get(row["particles"])
+        if row["problem"] != "lqr-1d" or row["variant"] != "fwdtrain compiled" or target is None:
+            continue
+        ratio = row.get("vs_jax_hand")
+        if ratio is None:
+            continue
+        met = ratio >= target
+        out.append({"work": row["work"], "vs_jax_hand": ratio, "target": target, "met": met})
+        print(
+            f"target {row['work']}: compiled {ratio:.2f}x hand JAX, target >= {target:g}x: {'met' if met else 'MISSED'}"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, torch.compile's 'eager' backend (seconds)")
@@ -216,26 +239,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.segment = args.segment or (64 if args.quick else 2048)
     _set_threads(args.threads)
+    before = machine.describe()
     rows: list[dict[str, Any]] = []
     for name, particles in work_sizes(args.quick):
         if args.only and args.only not in f"{name} N={particles} ":
             continue
         rows += run_size(name, particles, args)
+    after = os.getloadavg()
     print()
+    print(machine.caption(before, after))
     print_table(rows)
+    print()
+    targets = [] if args.quick else print_targets(rows)
     print()
     peaks = roofline.machine_peaks(quick=args.quick)
     out = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            **peaks._asdict(),
-        },
+        "machine": {**before, "load_average_after": after, **peaks._asdict()},
         "segment_steps": args.segment,
+        "repeats": args.repeats or (3 if args.quick else 5),
         "rows": rows,
+        "targets": targets,
         "roofline": roofline.report(rows, peaks),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
