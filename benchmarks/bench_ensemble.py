@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import ensemble
+
+from . import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -120,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.members, args.particles, args.steps, args.rounds = 2, "4", 16, 1
         compile = ft.Compile(True, route="dynamo", backend="eager")
-    load = os.getloadavg()
+    before = machine.describe()
     rows = []
     for particles in (int(n) for n in args.particles.split(",")):
         rows += measure(args.members, particles, args.steps, args.rounds, compile)
+    after = os.getloadavg()
+    print(machine.caption(before, after))
     print(table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
@@ -131,11 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "rows": rows,
                 "compile": compile._asdict(),
-                "load_average": {"before": load, "after": os.getloadavg()},
-                "threads": torch.get_num_threads(),
-                "machine": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(),
-                "torch": torch.__version__,
+                "machine": {**before, "load_average_after": after},
             },
             indent=1,
         )

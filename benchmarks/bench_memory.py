@@ -27,7 +27,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain.driver.hooks import Callback
 
-from . import problems
+from . import machine, problems
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") / 1024
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     compile = ft.Compile(variant == "compiled", chunk=args.chunk or 1024)
     record_every = args.record_every or max(1, steps // 100)
 
+    before = machine.describe()
     problem = problems.lqr("lqr-1d")
     lr = ft.schedules.staged(problem.lr)
     state = ft.init(problem.sde, problem.theta, problem.x0, args.particles)
@@ -103,8 +104,6 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": steps,
         "record_every": record_every,
         "records": len(final.history.step),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
         "warmup_s": warmup_s,
         "seconds": elapsed,
         "steps_per_s": steps / elapsed,
@@ -114,9 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "slope_kib_per_100k_steps": slope_kib_per_100k(second_half),
         "final_t": float(final.state.t),
-        "load_average": os.getloadavg(),
+        "machine": {**before, "load_average_after": os.getloadavg()},
         "samples": samples,
     }
+    print(machine.caption(before, result["machine"]["load_average_after"]))
     print(
         f"{variant} (chunk {compile.chunk}), N = {args.particles}: {steps:,} steps in {elapsed:.1f} s "
         f"({steps / elapsed:,.0f} steps/s) after {warmup_s:.1f} s warm-up; {result['records']} records"

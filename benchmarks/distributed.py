@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import fwdtrain as ft
+from benchmarks import machine
 from fwdtrain import distributed as D
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each, "
         f"{args.compile} steps"
     )
+    before = {**machine.describe(), "threads": args.threads}
     best: dict[int, tuple[float, float]] = {}
     for _ in range(args.repeat):
         for size in args.processes:
@@ -127,9 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"all_reduce {reduce_seconds * 1e6:6.0f} us ({1e3 * seconds / args.steps:5.2f} ms/step)",
             flush=True,
         )
+    print(machine.caption(before, os.getloadavg()))
     payload = {
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "torch": torch.__version__,
+        "machine": {**before, "load_average_after": os.getloadavg()},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

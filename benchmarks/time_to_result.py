@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from . import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,13 +264,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.particles = args.particles or (4 if args.quick else 256)
     args.steps = args.steps or (50 if args.quick else 6_000)
     args.repeats = args.repeats or (1 if args.quick else 3)
-    load_before = os.getloadavg()
+    before = {**machine.describe(), "threads": args.threads or "torch's default"}
     rows = measure(args)
-    load_after = os.getloadavg()
-    print(
-        f"\nlqr-1d N = {args.particles}, {args.steps} steps; medians of {args.repeats} round(s); threads "
-        f"{args.threads or 'default'}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n"
-    )
+    after = os.getloadavg()
+    print(f"\nlqr-1d N = {args.particles}, {args.steps} steps; medians of {args.repeats} round(s)")
+    print(machine.caption(before, after) + "\n")
     print_table(rows)
     payload = {
         "quick": args.quick,
@@ -277,8 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": args.steps,
         "repeats": args.repeats,
         "threads": args.threads,
-        "load_average": {"before": load_before, "after": load_after},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {**before, "load_average_after": after},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fwdtrain as ft
-from benchmarks import study_solvers
+from benchmarks import machine, study_solvers
 from fwdtrain import cli, optim
 from fwdtrain.examples import double_well_calibration, lqr_nd, noisy_control, ou_calibration, sgdct_ou
 from fwdtrain.examples.lqr_riccati import linear_control_cost, random_lqr, riccati
@@ -335,8 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.study == "solvers":
+        before = machine.describe()
         result = study_solvers.solver_study(args.quick)
         study_solvers.print_study(result)
+        after = os.getloadavg()
+        print(machine.caption(before, after))
+        result["machine"] = {**before, "load_average_after": after}
         out = args.out or RESULTS / "solvers.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"quick": args.quick, "threads": args.threads, **result}, indent=1))
