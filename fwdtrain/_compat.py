@@ -33,6 +33,11 @@ import torch
 DYNAMO_TRACES_FORWARD_MODE = False
 
 
+def forward_mode_traceable() -> bool:
+    """False while dynamo records a graph (it cannot trace forward mode there): use reverse mode instead."""
+    return DYNAMO_TRACES_FORWARD_MODE or not torch.compiler.is_compiling()
+
+
 def tracing() -> bool:
     """True while torch.compile (dynamo) or ``make_fx`` records a graph of the code being run."""
     if torch.compiler.is_compiling():

@@ -158,3 +158,107 @@ def test_no_module_is_hidden_by_a_same_named_attribute():
         if getattr(package, leaf) is not module:
             hidden.append(f"{info.name} is hidden by {parent}.{leaf} = {getattr(package, leaf)!r}")
     assert hidden == []
+
+
+# The layers, from the ground up: a module imports only from its own package or from packages on lower floors.
+LAYERS = (
+    ("fwdtrain._compat", "fwdtrain.optim"),  # torch workarounds; update rules (no fwdtrain imports)
+    ("fwdtrain.core",),  # the maths: problem, state, sensitivity, solvers, kernel, noise, schedules, history
+    ("fwdtrain.compile",),  # compiled kernels, their cache and the compile policy
+    ("fwdtrain.problems",),  # what is trained: the Trainable protocol, cost form, calibration, SGDCT, ensembles
+    ("fwdtrain.driver",),  # the run: options, hooks, the loop, checkpoints
+    ("fwdtrain.distributed", "fwdtrain.examples", "fwdtrain.plotting"),
+    ("fwdtrain.cli",),
+    ("fwdtrain", "fwdtrain.__main__", "fwdtrain._legacy"),  # the public face and the entry point
+)
+# the loop reaches problems only through the protocol; run() also turns an SDE into its cost form
+THROUGH_THE_PROTOCOL = {"fwdtrain.driver.loop", "fwdtrain.driver.steppers", "fwdtrain.driver.hooks"}
+
+
+def _room(module: str) -> tuple[int, str]:
+    """(floor, package) of a module: the longest layer entry that is the module or one of its packages."""
+    best = max(
+        (
+            (floor, room)
+            for floor, rooms in enumerate(LAYERS)
+            for room in rooms
+            if module == room or module.startswith(room + ".")
+        ),
+        key=lambda found: len(found[1]),
+    )
+    return best
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        floor, room = _room(module)
+        for target in sorted(targets):
+            target_floor, target_room = _room(target)
+            if target_room != room and target_floor >= floor:
+                found.append(f"{module} (floor {floor}) imports {target} (floor {target_floor})")
+            if (
+                module in THROUGH_THE_PROTOCOL
+                and target_room == "fwdtrain.problems"
+                and target != "fwdtrain.problems.trainable"
+            ):
+                found.append(
+                    f"{module} imports {target}: the loop sees problems only through fwdtrain.problems.trainable"
+                )
+    return found
+
+
+def test_every_import_goes_down_the_layers():
+    assert _layer_violations(_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import_and_one_across_a_floor():
+    graph = {
+        "fwdtrain.core.state": {"fwdtrain.driver.loop"},
+        "fwdtrain.examples.lqr": {"fwdtrain.distributed.hooks"},
+        "fwdtrain.driver.loop": {"fwdtrain.problems.cost", "fwdtrain.core.state"},
+    }
+    assert _layer_violations(graph) == [
+        "fwdtrain.core.state (floor 1) imports fwdtrain.driver.loop (floor 4)",
+        "fwdtrain.examples.lqr (floor 5) imports fwdtrain.distributed.hooks (floor 5)",
+        "fwdtrain.driver.loop imports fwdtrain.problems.cost: the loop sees problems only through "
+        "fwdtrain.problems.trainable",
+    ]
+
+
+def _functions():
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield name, node
+
+
+def test_no_function_body_is_longer_than_60_lines():
+    """The body, from its first statement (after the docstring) to its last line."""
+    long = []
+    for module, node in _functions():
+        body = node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+        lines = node.end_lineno - body[0].lineno + 1
+        if lines > 60:
+            long.append(f"{module}.{node.name}: {lines} lines")
+    assert long == []
+
+
+def test_no_public_callable_takes_more_than_12_parameters():
+    wide = []
+    for module, node in _functions():
+        if node.name.startswith("_") and node.name != "__init__":
+            continue
+        arguments = node.args
+        named = [
+            a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs if a.arg not in ("self", "cls")
+        ]
+        if len(named) > 12:
+            wide.append(f"{module}.{node.name}: {len(named)} parameters")
+    assert wide == []
+
+
+def test_the_public_face_is_at_most_30_names_and_every_one_exists():
+    assert len(fwdtrain.__all__) <= 30
+    assert len(set(fwdtrain.__all__)) == len(fwdtrain.__all__)
+    assert all(hasattr(fwdtrain, name) for name in fwdtrain.__all__)

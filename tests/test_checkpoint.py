@@ -62,7 +62,7 @@ def test_corrupt_truncated_and_foreign_files_are_refused(tmp_path):
     path = tmp_path / "ck.pt"
     ft.save(path, state, history)
     data = path.read_bytes()
-    cases = {"truncated": data[: len(data) // 2], "empty": b"", "garbage": os.urandom(256)}
+    cases = {"truncated": data[: len(data) // 2]}
     flipped = bytearray(data)
     index = data.find(state.x.numpy().tobytes())  # the bytes of x inside the file
     assert index > 0
@@ -73,6 +73,14 @@ def test_corrupt_truncated_and_foreign_files_are_refused(tmp_path):
         bad.write_bytes(content)
         with pytest.raises(ft.CheckpointError, match="corrupt|truncated"):
             ft.load(bad)
+    for name, content in {"text": b"step,cost\n1,0.5\n", "garbage": b"\x00" + os.urandom(255)}.items():
+        bad = tmp_path / f"{name}.txt"
+        bad.write_bytes(content)
+        with pytest.raises(ft.CheckpointError, match="is not a fwdtrain checkpoint: it is not a file written by"):
+            ft.load(bad)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ft.CheckpointError, match=r"is empty \(0 bytes\)"):
+        ft.load(tmp_path / "empty.pt")
     torch.save({"weights": torch.ones(2)}, tmp_path / "plain.pt")
     with pytest.raises(ft.CheckpointError, match="not a fwdtrain checkpoint"):
         ft.load(tmp_path / "plain.pt")

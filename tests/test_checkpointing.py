@@ -149,4 +149,5 @@ def test_a_second_interrupt_during_the_evaluation_still_prints_the_training(tmp_
     import json
 
     result = json.loads(capsys.readouterr().out)
-    assert result["steps"] == 40 and result["interrupted"] and "evaluation interrupted" in result["plot_note"]
+    assert result["steps"] == 40 and result["interrupted"]
+    assert any("evaluation interrupted" in note for note in result["notes"])

@@ -604,3 +604,52 @@ def test_a_rank_started_by_hand_whose_peer_is_killed_says_why(tmp_path):
                 process.kill()
     assert ranks[1].returncode == 1
     assert err.startswith("fwdtrain: ") and "error: rank 1:" in err and "Traceback" not in err
+
+
+def _ensemble_worker(particles: list[int], members: int):
+    ex = _lqr()
+    state = ft.ensemble.init(ex.sde, ex.theta, ex.x0, particles[D.rank()], members=members)
+    rates = torch.linspace(0.25, 1.0, members, dtype=torch.float64)
+    return D.distributed_run(
+        ft.ensemble.Ensemble(ex.sde, members),
+        state,
+        STEPS,
+        DT,
+        rates,
+        seed=SEED,
+        save=ft.SaveAt(10),
+        checks=ft.Checks(10),
+    )
+
+
+def test_an_ensemble_on_two_ranks_equals_one_process():
+    """Member e on rank r draws BrownianNoise(seed=rank_seed(seed, r) + e); one process with the ranks' particles
+    of each member side by side, driven by those streams concatenated, takes the same run (within rounding)."""
+    particles, members = [2, 3], 3
+    ranks = D.launch(_ensemble_worker, 2, (particles, members), timeout=LAUNCH_TIMEOUT)
+    ex = _lqr()
+    noise = torch.stack(
+        [
+            torch.cat(
+                [
+                    ft.noise.BrownianNoise((n, 1), DT, seed=D.rank_seed(SEED, r) + e, dtype=torch.float64).draw(STEPS)
+                    for r, n in enumerate(particles)
+                ],
+                dim=1,
+            )
+            for e in range(members)
+        ],
+        dim=1,
+    )  # (steps, E, N, 1)
+    start = ft.ensemble.init(ex.sde, ex.theta, ex.x0, sum(particles), members=members)
+    rates = torch.linspace(0.25, 1.0, members, dtype=torch.float64)
+    reference = ft.run(
+        ft.ensemble.Ensemble(ex.sde, members), start, STEPS, DT, rates, noise, save=ft.SaveAt(10), checks=ft.Checks(10)
+    )
+    for final, history in ranks:
+        for name, leaf in reference.state.theta.items():
+            torch.testing.assert_close(final.theta[name], leaf, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(history.cost, reference.history.cost, rtol=1e-12, atol=1e-14)
+    assert torch.equal(ranks[0][0].theta["weight1"], ranks[1][0].theta["weight1"])  # one theta per member
+    offset = particles[0]
+    torch.testing.assert_close(ranks[1][0].x, reference.state.x[:, offset:], rtol=1e-12, atol=1e-14)

@@ -60,7 +60,7 @@ def test_gradient_estimate_matches_exact_gradient():
     problem = random_lqr(3, seed=1)
     tilt = np.random.default_rng(5).standard_normal((3, 3))
     gain = riccati(problem).gain + 0.4 * (tilt - tilt.T)  # off the optimum, in a skew direction
-    ex = lqr_problem(*problem, particles=64, dt=0.02, dtype=torch.float64)
+    ex = lqr_problem(problem, particles=64, dt=0.02, dtype=torch.float64)
     theta = {"gain": torch.tensor(gain)}
     state = ft.init(ex.sde, theta, torch.zeros(3, dtype=torch.float64), ex.particles)
     state, _ = ft.run(ex.sde, state, 200, 0.02, 0.0, noise=1)  # burn in X and Xtilde (mixing time ~ 1)
@@ -103,4 +103,4 @@ def test_mlp_control_builds_and_evaluates():
     with pytest.raises(ValueError, match="control must be"):
         lqr_nd(dim=2, control="quadratic")
     with pytest.raises(ValueError, match="LQR shapes"):
-        lqr_problem(*LQR(np.eye(2), np.eye(2), np.eye(3), np.eye(2), np.eye(2)))
+        lqr_problem(LQR(np.eye(2), np.eye(2), np.eye(3), np.eye(2), np.eye(2)))

@@ -57,6 +57,7 @@ def fail(error: BaseException | str, status: int, as_json: bool, every_rank: boo
     print(f"fwdtrain: {where}error: {message}", file=sys.stderr)
     if as_json and distributed.is_main():
         kind = type(error).__name__ if isinstance(error, BaseException) else "Error"
+        kind = "DivergenceError" if isinstance(error, Diverged) else kind
         print(json.dumps({"error": {"type": kind, "message": message}, "exit_status": status}))
     return status
 

@@ -47,10 +47,11 @@ def compare(example: Any, learned: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _metrics(example: Any, state: Any) -> dict[str, Any]:
-    metrics = compare(example, example.evaluate(state.theta))
+def _metrics(example: Any, state: Any, solver: str) -> dict[str, Any]:
+    """Learned against reference, measured with the solver the run trained with."""
+    metrics = compare(example, example.measure(state.theta, solver))
     if isinstance(state.average, optim.Average) and int(state.average.count) > 0:
-        averaged = compare(example, example.evaluate(state.average.mean))
+        averaged = compare(example, example.measure(state.average.mean, solver))
         for name, entry in metrics.items():
             if name in averaged:
                 entry["averaged"] = averaged[name]["learned"]
@@ -81,7 +82,7 @@ def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | 
     plot = error = None
     note = plotting.INSTALL_HINT if not job.args.no_plot and job.members is None and not plotting.available() else None
     try:
-        metrics = _metrics(example, state)
+        metrics = _metrics(example, state, job.training["solver"])
         if plot_path is not None:
             try:
                 plot = _plot(job, example, state, history, plot_path)
@@ -100,7 +101,7 @@ def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, 
         "problem": job.problem,
         "steps": history.steps,
         "steps_this_run": taken,
-        "t": round(float(state.t), 10),
+        "t": round(history.steps * example.dt, 10),  # the nominal time: a float32 clock drifts by ulps per step
         "dt": example.dt,
         "particles": example.particles,
         "processes": job.size,
@@ -135,7 +136,7 @@ def single_result(job: Job, trained: Trained) -> dict[str, Any]:
         "metrics": evaluation.metrics,
         "plot": evaluation.plot,
         "plot_error": evaluation.plot_error,
-        "plot_note": "; ".join(notes) or None,
+        "notes": notes,
         "checkpoint": None if trained.unsaved else job.args.checkpoint,
         "checkpoint_error": trained.unsaved,
         "interrupted": bool(history.interrupted) or evaluation.interrupted,
@@ -165,7 +166,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
                 "metrics": evaluation.metrics,
                 "plot": None,
                 "plot_error": None,
-                "plot_note": evaluation.note,
+                "notes": [evaluation.note] if evaluation.note else [],
                 "checkpoint": None,
                 "interrupted": bool(history.interrupted) or evaluation.interrupted,
                 "diverged": bool(history.diverged[e]),
@@ -193,7 +194,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
         "checkpoint_error": trained.unsaved,
         "plot_error": None,
         "interrupted": bool(history.interrupted) or cut_short,
-        "note": _nothing_left(job),
+        "notes": [n for n in (_nothing_left(job),) if n],
     }
 
 
@@ -226,9 +227,13 @@ def table(result: dict[str, Any]) -> str:
             f"learned: the last iterate; averaged: the mean of theta over the {result['averaged_iterates']} "
             f"iterates with t >= {result['average_from']:g} (--average-from)"
         )
+    this_run = (
+        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s"
+        if result["steps_this_run"]
+        else "none this run"
+    )
     lines.append(
-        f"steps {result['steps']} in total (t = {result['t']:.6g}), this run {result['steps_this_run']} in "
-        f"{result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s; evaluation {result['evaluate_s']:.1f} s"
+        f"steps {result['steps']} in total (t = {result['t']:.6g}), {this_run}; evaluation {result['evaluate_s']:.1f} s"
     )
     lines += _tail(result)
     return "\n".join(lines)
@@ -247,7 +252,7 @@ def _tail(result: dict[str, Any]) -> list[str]:
         lines.append(f"checkpoint: {result['checkpoint']}")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
-    lines.extend(result[key] for key in ("plot_note", "note") if result.get(key))
+    lines.extend(result.get("notes", []))
     if result.get("plot_error"):
         lines.append(f"plot NOT written: {result['plot_error']}")
     if result.get("checkpoint_error"):

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 from torch.func import jacfwd, jacrev, jvp
 
+from .. import _compat
 from ._tree import leaves_with_paths, size
 from .sensitivity import (
     Coefficients,
@@ -239,11 +240,15 @@ def milstein_correction(
     diffusion: Callable[[Theta, torch.Tensor], torch.Tensor], theta: Theta, x: torch.Tensor, sigma: torch.Tensor
 ) -> torch.Tensor:
     """g (d,): sigma_i d sigma_i / d x_i for diagonal noise (sigma (d,)), (d sigma / d x) sigma for one
-    noise (sigma (d, 1)); ``jacfwd`` / ``jvp`` of the diffusion in x, so it stays differentiable."""
+    noise (sigma (d, 1)); forward mode in x (reverse mode while dynamo traces), so it stays differentiable."""
+    forward = _compat.forward_mode_traceable()
     if sigma.ndim == 1:
-        jacobian = jacfwd(lambda x_: diffusion(theta, x_))(x)
+        jacobian = (jacfwd if forward else jacrev)(lambda x_: diffusion(theta, x_))(x)
         return sigma * jacobian.diagonal()
-    _, derivative = jvp(lambda x_: diffusion(theta, x_)[:, 0], (x,), (sigma[:, 0],))  # type: ignore[misc]
+    column = lambda x_: diffusion(theta, x_)[:, 0]
+    if not forward:
+        return jacrev(column)(x) @ sigma[:, 0]
+    _, derivative = jvp(column, (x,), (sigma[:, 0],))  # type: ignore[misc]
     return derivative
 
 

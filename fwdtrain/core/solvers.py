@@ -201,14 +201,14 @@ class Milstein(Solver):
 
     (for m = 1, g = (d sigma / d x) sigma and dW the one increment), with its exact sensitivity,
     which needs D g, a second derivative of sigma. Strong order 1. General noise with m > 1 is
-    refused: it needs Levy areas. For additive noise it is Euler.
+    refused: it needs Levy areas. For noise declared additive (``noise_type="additive"``, any m) it is Euler.
     """
 
     name: ClassVar[str] = "milstein"
     names: ClassVar[tuple[str, ...]] = NAMES + ("correction",)
 
     def check_shape(self, sigma: torch.Tensor, noise_type: str | None) -> None:
-        if sigma.ndim == 2 and sigma.shape[1] > 1:
+        if sigma.ndim == 2 and sigma.shape[1] > 1 and noise_type != "additive":
             raise ValueError(
                 f"Milstein() takes diagonal noise (a diffusion of shape (d,)) or a single noise "
                 f"(d, 1); this diffusion has shape {tuple(sigma.shape)} (general noise, m = "
@@ -219,7 +219,6 @@ class Milstein(Solver):
         value, total = linearise(x, x_tilde, self.names)
         sigma = value["sigma"]
         diagonal = sigma.ndim == 2
-        self.check_shape(sigma[0], None)
         square = self._square(dw, dt, diagonal)
         new_x = x + value["mu"] * dt + noise_term(sigma, dw) + 0.5 * value["correction"] * square
         d_noise = _noise_sensitivity(total, dw, diagonal)

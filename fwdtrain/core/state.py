@@ -38,7 +38,8 @@ class State(NamedTuple):
 
     @property
     def particles(self) -> int:
-        return self.x.shape[0]
+        """N, the particles (of each member, for a state with a member axis: x of shape (E, N, d))."""
+        return self.x.shape[-2]
 
     @property
     def dim(self) -> int:

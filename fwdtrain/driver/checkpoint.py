@@ -339,8 +339,21 @@ def _check_metadata(metadata: Any) -> dict:
     return metadata
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive; fwdtrain.save always has
+
+
 def _read(path: str, map_location: Any) -> Any:
-    """``torch.load(weights_only=True)``; any failure becomes a ``CheckpointError``."""
+    """``torch.load(weights_only=True)``; any failure becomes a ``CheckpointError`` that says whether the file
+    is not a checkpoint at all (not the zip archive ``torch.save`` writes) or a damaged one."""
+    with open(path, "rb") as file:
+        magic = file.read(len(ZIP_MAGIC))
+    if not magic:
+        raise CheckpointError(f"{path!r} is empty (0 bytes): it is not a fwdtrain checkpoint")
+    if magic != ZIP_MAGIC:
+        raise CheckpointError(
+            f"{path!r} is not a fwdtrain checkpoint: it is not a file written by fwdtrain.save (a checkpoint is the "
+            f"zip archive torch.save writes; this file starts with {magic!r})"
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a damaged file can make torch warn about its pickle protocol

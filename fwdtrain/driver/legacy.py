@@ -72,6 +72,22 @@ def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple
             every=old.pop("check_every", checks.every), bound=old.pop("bound", checks.bound)
         )
         said.append("check_every=, bound= -> checks=Checks(every=, bound=)")
+    _translate_hooks(kwargs, old, said)
+    if "mode" in old:
+        solver = as_solver(kwargs.get("solver"))
+        kwargs["solver"] = dataclasses.replace(solver, mode=old.pop("mode"))
+        said.append("mode=m -> solver=Euler(mode=m)")
+    if "chunk" in old or "fuse" in old:
+        options = as_compile(kwargs.get("compile", "auto"))
+        if old.pop("fuse", 1) > 1:
+            options = options._replace(enabled=True)
+        kwargs["compile"] = options._replace(chunk=old.pop("chunk", options.chunk))
+        said.append("chunk=, fuse= -> compile=Compile(chunk=) (fusing is automatic)")
+    return tuple(positional), kwargs, said
+
+
+def _translate_hooks(kwargs: dict[str, Any], old: dict[str, Any], said: list[str]) -> None:
+    """0.2's callback=, progress=, checkpoint= and reduce= as hooks appended to kwargs["hooks"]."""
     hooks = list(kwargs.get("hooks") or ())
     if "callback" in old:
         every = old.pop("callback_every", None) or kwargs.get("save", SaveAt()).every
@@ -100,17 +116,6 @@ def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple
         said.append("reduce=f -> hooks=(GradientHook(f),)")
     if hooks:
         kwargs["hooks"] = tuple(hooks)
-    if "mode" in old:
-        solver = as_solver(kwargs.get("solver"))
-        kwargs["solver"] = dataclasses.replace(solver, mode=old.pop("mode"))
-        said.append("mode=m -> solver=Euler(mode=m)")
-    if "chunk" in old or "fuse" in old:
-        options = as_compile(kwargs.get("compile", "auto"))
-        if old.pop("fuse", 1) > 1:
-            options = options._replace(enabled=True)
-        kwargs["compile"] = options._replace(chunk=old.pop("chunk", options.chunk))
-        said.append("chunk=, fuse= -> compile=Compile(chunk=) (fusing is automatic)")
-    return tuple(positional), kwargs, said
 
 
 def accepts_0_2_keywords(fn: F) -> F:

@@ -48,6 +48,23 @@ def check_learning_rate(schedule: Schedule, t: torch.Tensor, lr: Any) -> None:
         _checks.check_alpha(alpha_e, t_e, lr)
 
 
+def continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
+    """(start step, float64 cost total, record window) of a run continued from ``history`` (zeros for a new run)."""
+    zero = torch.zeros((), dtype=torch.float64, device=state.x.device)
+    if history is None or not len(history.step):
+        return 0, zero, (0, zero)
+    if history.carry is None or history.average_cost is None:
+        raise ValueError("history has no carry (it was not returned by fwdtrain.run or load); it cannot be continued")
+    if not torch.equal(history.t[-1].to(state.t), state.t):
+        raise ValueError(
+            f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
+            f"continue from the Run (or checkpoint) that holds both"
+        )
+    total = history.carry["cost_total"].to(state.x.device)
+    window = (int(history.carry["window_start"]), history.carry["window_total"].to(state.x.device))
+    return history.steps, total, window
+
+
 class Loop:
     """A run's loop from ``driver.run.setup``; ``advance_to(n)`` steps it to step n and it can be advanced again.
 
@@ -67,13 +84,13 @@ class Loop:
         checks: Checks,
         hooks: tuple[Hook, ...],
         previous: History | None,
-        window: tuple[int, torch.Tensor],
         chunk: int,
         lr: Any,
     ) -> None:
         self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
-        self.previous, self.window, self.chunk, self.lr = previous, window, chunk, lr
+        self.previous, self.chunk, self.lr = previous, chunk, lr
+        self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
         self.record_state: Callable[[State], Any] = save.record or problem.record
         self.records: list[Record] = []
@@ -215,21 +232,22 @@ class Loop:
         t0 = float(last.state.t.amax())
         dt = float(self.stepping.dt)
         first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
+        at = f"at step {first} (t = {t0 + (first - last.n) * dt:.6g})"
         if culprit is not None:
             detail = (
-                f"x, x_tilde or theta became non-finite{limit} at step {first}: the {culprit} returned NaN or "
-                f"inf at the particles of step {first - 1}"
+                f"x, x_tilde or theta became non-finite{limit} {at}: the {culprit} returned NaN or inf at the "
+                f"particles of step {first - 1}"
             )
         elif first < n:
             detail = (
-                f"x, x_tilde or theta became non-finite{limit} at step {first} (every function of the problem "
-                f"was finite at step {first - 1})"
+                f"x, x_tilde or theta became non-finite{limit} {at} (every function of the problem was finite at "
+                f"step {first - 1})"
             )
         else:
             detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
         what = "the run" if self.members is None else "every member of the ensemble"
         return DivergenceError(
-            f"{what} diverged: {detail} (t = {t0 + (first - last.n) * dt:.6g}); the last checked state, of step "
+            f"{what} diverged: {detail}; the last checked state, of step "
             f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step",
             step=first,
             last_finite_step=last.n,

@@ -27,7 +27,7 @@ from . import steppers
 from .checkpoint import Checkpoint
 from .hooks import Hook, check_hooks
 from .legacy import accepts_0_2_keywords
-from .loop import Loop, check_learning_rate
+from .loop import Loop, check_learning_rate, continued
 from .options import Checks, SaveAt, check_checks, check_save
 from .steppers import Carry, Stepping
 
@@ -59,23 +59,6 @@ def split_start(start: Any) -> tuple[State, History | None]:
         f"run: the Run it returned, a Checkpoint from fwdtrain.load, or (state, history); "
         f"got {type(start).__name__}"
     )
-
-
-def _continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
-    """(start step, float64 cost total, record window) of a run continued from ``history`` (zeros for a new run)."""
-    zero = torch.zeros((), dtype=torch.float64, device=state.x.device)
-    if history is None or not len(history.step):
-        return 0, zero, (0, zero)
-    if history.carry is None or history.average_cost is None:
-        raise ValueError("history has no carry (it was not returned by fwdtrain.run or load); it cannot be continued")
-    if not torch.equal(history.t[-1].to(state.t), state.t):
-        raise ValueError(
-            f"history ends at t = {history.t[-1].tolist()} but state.t = {state.t.tolist()}: "
-            f"continue from the Run (or checkpoint) that holds both"
-        )
-    total = history.carry["cost_total"].to(state.x.device)
-    window = (int(history.carry["window_start"]), history.carry["window_total"].to(state.x.device))
-    return history.steps, total, window
 
 
 def _positioned(source: Any, start: int, history: History | None) -> Any:
@@ -139,7 +122,7 @@ def setup(
         which = f" (members {torch.nonzero(~initial).flatten().tolist()})" if initial.ndim else ""
         above = f" or entries above bound={checks.bound}" if checks.bound else ""
         raise ValueError(f"the initial state has non-finite entries{above}{which}")
-    first, total, window = _continued(history, state)
+    first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
     source = _positioned(source, first, history)
     forward_traceable = options.route == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE
@@ -164,7 +147,6 @@ def setup(
         checks=checks,
         hooks=hooks,
         previous=history,
-        window=window,
         chunk=options.chunk,
         lr=lr,
     )

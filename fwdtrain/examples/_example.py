@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,9 +17,9 @@ class Example(NamedTuple):
     """A ready-to-train problem with defaults and what is known about its optimum.
 
     ``reference`` maps names (e.g. "optimal_cost", "optimal_slope") to known values;
-    ``evaluate(theta)`` measures the same quantities for a trained theta (it may
-    simulate, e.g. a stationary cost with theta frozen), so that a driver can print
-    learned against reference side by side.
+    ``evaluate(theta, solver=None)`` measures the same quantities for a trained theta (it may
+    simulate, e.g. a stationary cost with theta frozen, with the solver the run trained with),
+    so that a driver can print learned against reference side by side.
 
     Every example is trained by ``fwdtrain.run``::
 
@@ -41,7 +42,7 @@ class Example(NamedTuple):
     steps: int
     lr: LearningRate
     reference: dict[str, float]
-    evaluate: Callable[[Any], dict[str, float]]
+    evaluate: Callable[..., dict[str, float]]
     problem: Any = None
     start: Callable[[State], State] | None = None
     data: Callable[[int, int], torch.Tensor] | None = None
@@ -58,6 +59,20 @@ class Example(NamedTuple):
         if self.start is None:
             return state
         return self.start(state)._replace(opt_state=state.opt_state, average=state.average)  # the rule's state kept
+
+    def measure(self, theta: Any, solver: Any = None) -> dict[str, float]:
+        """``evaluate(theta, solver)``, or ``evaluate(theta)`` for an ``evaluate`` that takes no solver."""
+        parameters = inspect.signature(self.evaluate).parameters
+        takes_solver = "solver" in parameters or len(parameters) > 1
+        return self.evaluate(theta, solver) if takes_solver else self.evaluate(theta)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Removed in 0.3; raises an ``AttributeError`` that shows the ``fwdtrain.run`` call that replaces it."""
+        raise AttributeError(
+            "Example.train was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
+            "fwdtrain.run(example.trainable, example.initial_state(), steps, example.dt, example.lr, "
+            "example.noise(seed, steps))"
+        )
 
     def noise(self, seed: int, steps: int | None = None) -> Any:
         """What ``run`` takes as ``noise``: the seed, or for data-driven problems the data of ``seed``."""

@@ -57,7 +57,7 @@ def ou_calibration(
     )
     schedule = schedules.inverse_time(lr * 10.0, 10.0)
 
-    def evaluate(theta) -> dict[str, float]:
+    def evaluate(theta, solver=None) -> dict[str, float]:
         mean, variance = ou_stationary(float(theta["mean"]), float(theta["scale"]), kappa)
         return {"mean": mean, "variance": variance, "scale": abs(float(theta["scale"]))}
 
@@ -120,7 +120,7 @@ def double_well_calibration(
     )
     schedule = schedules.inverse_time(lr * 20.0, 20.0)
 
-    def evaluate(theta) -> dict[str, float]:
+    def evaluate(theta, solver=None) -> dict[str, float]:
         learned_a, learned_b = float(theta["a"]), float(theta["b"])
         learned_m2, learned_m4 = double_well_moments(learned_a, learned_b, s) if learned_b > 0 else (math.nan,) * 2
         return {"a": learned_a, "b": learned_b, "m2": learned_m2, "m4": learned_m4}

@@ -64,10 +64,18 @@ def lqr_1d(
         steps=steps,
         lr=schedules.inverse_time(lr, lr_offset),
         reference={"slope": -OPTIMAL_GAIN, "cost": OPTIMAL_GAIN},
-        evaluate=lambda theta: {
+        evaluate=lambda theta, solver=None: {
             "slope": linear_slope(control.apply, theta),
             "cost": stationary_cost(
-                sde, theta, torch.zeros(1, dtype=dtype), particles=1000, dt=dt, steps=6000, burn_in=1000, seed=seed + 1
+                sde,
+                theta,
+                torch.zeros(1, dtype=dtype),
+                particles=1000,
+                dt=dt,
+                steps=6000,
+                burn_in=1000,
+                seed=seed + 1,
+                solver=solver,
             ).mean,
         },
     )

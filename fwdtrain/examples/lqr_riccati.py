@@ -14,7 +14,8 @@ scipy (``pip install 'fwdtrain[riccati]'``) is needed only for the references.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -134,11 +135,7 @@ def linear_control(theta, x):
 
 
 def lqr_problem(
-    A,
-    B,
-    Q,
-    R,
-    Sigma,
+    lqr: LQR,
     *,
     control: str = "linear",
     hidden: int = 32,
@@ -151,7 +148,7 @@ def lqr_problem(
     dtype: torch.dtype = torch.float32,
     name: str = "lqr-nd",
 ) -> Example:
-    """An ``Example`` for the LQR problem (A, B, Q, R, Sigma) with a linear or an MLP control.
+    """An ``Example`` for the LQR problem ``lqr`` = (A, B, Q, R, Sigma) with a linear or an MLP control.
 
     control="linear": theta = {"gain": K}, u = -K x, started at K = 0 (A should be stable).
     control="mlp": u = f(theta, x), a d -> hidden -> hidden -> k tanh network (no output bias,
@@ -162,7 +159,38 @@ def lqr_problem(
     h <= 0.005 over t = 40 and 1000 particles for an MLP)
     and the relative Frobenius error |K - K*| / |K*| of the gain (the MLP's Jacobian at x = 0).
     """
-    problem = LQR(*(np.asarray(a, dtype=np.float64) for a in (A, B, Q, R, Sigma)))
+    problem = _checked(lqr)
+    if control not in ("linear", "mlp"):
+        raise ValueError(f"control must be 'linear' or 'mlp', got {control!r}")
+    d, k = problem.B.shape
+    if control == "linear":
+        apply, theta = linear_control, {"gain": torch.zeros(k, d, dtype=dtype)}
+    else:
+        model = mlp(
+            [d, hidden, hidden, k], activation="tanh", output_bias=False, seed=seed, dtype=dtype, output_scale=0.1
+        )
+        apply, theta = model.apply, model.theta
+    sde = lqr_sde(problem, apply, dtype)
+    if lr is None:
+        lr = 1.0 if control == "linear" else 0.3
+    solution = riccati(problem)
+    return Example(
+        name=name,
+        sde=sde,
+        theta=theta,
+        x0=torch.zeros(d, dtype=dtype),
+        particles=particles,
+        dt=dt,
+        steps=steps,
+        lr=schedules.inverse_time(lr * decay, decay),
+        reference={"cost": solution.cost, "gain_error": 0.0},
+        evaluate=_evaluator(problem, solution, sde, apply, control == "linear", dt, seed),
+    )
+
+
+def _checked(lqr: LQR) -> LQR:
+    """``lqr`` as float64 arrays, its shapes checked: A (d, d), B (d, k), Q (d, d), R (k, k), Sigma (d, m)."""
+    problem = LQR(*(np.asarray(a, dtype=np.float64) for a in lqr))
     d, k = problem.B.shape
     if (
         problem.A.shape != (d, d)
@@ -175,60 +203,36 @@ def lqr_problem(
             f"LQR shapes must be A (d,d), B (d,k), Q (d,d), R (k,k), Sigma (d,m); got "
             f"{[tuple(a.shape) for a in problem]}"
         )
-    if control not in ("linear", "mlp"):
-        raise ValueError(f"control must be 'linear' or 'mlp', got {control!r}")
-    solution = riccati(problem)
-    if control == "linear":
-        apply = linear_control
-        theta = {"gain": torch.zeros(k, d, dtype=dtype)}
-    else:
-        model = mlp(
-            [d, hidden, hidden, k], activation="tanh", output_bias=False, seed=seed, dtype=dtype, output_scale=0.1
-        )
-        apply, theta = model.apply, model.theta
-    sde = lqr_sde(problem, apply, dtype)
-    if lr is None:
-        lr = 1.0 if control == "linear" else 0.3
+    return problem
+
+
+def _evaluator(
+    problem: LQR, solution: Any, sde: ControlledSDE, apply: Any, linear: bool, dt: float, seed: int
+) -> Callable[..., dict[str, float]]:
+    """``evaluate(theta)``: the stationary cost and the gain's relative error |K - K*| / |K*|."""
+    d = problem.A.shape[0]
 
     def gain_of(theta) -> np.ndarray:
-        if control == "linear":
+        if linear:
             return theta["gain"].double().numpy()
-        jac = torch.func.jacrev(lambda x: apply(theta, x))(torch.zeros(d, dtype=dtype))
-        return -jac.double().numpy()
+        zero = torch.zeros(d, dtype=next(iter(theta.values())).dtype)
+        return -torch.func.jacrev(lambda x: apply(theta, x))(zero).double().numpy()
 
-    def evaluate(theta) -> dict[str, float]:
+    def evaluate(theta, solver=None) -> dict[str, float]:
         gain = gain_of(theta)
         error = float(np.linalg.norm(gain - solution.gain) / np.linalg.norm(solution.gain))
-        if control == "linear":
-            cost = linear_control_cost(problem, gain)
-        else:
-            # Euler with step h biases a stationary cost by ~ +0.7 h relative (1.4% at h = 0.02 for
-            # random_lqr(2)); evaluate at h <= 0.005 so the bias stays under 0.4%.
-            h = min(dt, 0.005)
-            cost = stationary_cost(
-                sde,
-                theta,
-                torch.zeros(d, dtype=dtype),
-                particles=1000,
-                dt=h,
-                steps=round(40 / h),
-                burn_in=round(10 / h),
-                seed=seed + 1,
-            ).mean
-        return {"cost": cost, "gain_error": error}
+        if linear:
+            return {"cost": linear_control_cost(problem, gain), "gain_error": error}
+        # Euler with step h biases a stationary cost by ~ +0.7 h relative (1.4% at h = 0.02 for
+        # random_lqr(2)); evaluate at h <= 0.005 so the bias stays under 0.4%.
+        h = min(dt, 0.005)
+        zero = torch.zeros(d, dtype=next(iter(theta.values())).dtype)
+        estimate = stationary_cost(
+            sde, theta, zero, particles=1000, dt=h, steps=round(40 / h), burn_in=round(10 / h), seed=seed + 1
+        )
+        return {"cost": estimate.mean, "gain_error": error}
 
-    return Example(
-        name=name,
-        sde=sde,
-        theta=theta,
-        x0=torch.zeros(d, dtype=dtype),
-        particles=particles,
-        dt=dt,
-        steps=steps,
-        lr=schedules.inverse_time(lr * decay, decay),
-        reference={"cost": solution.cost, "gain_error": 0.0},
-        evaluate=evaluate,
-    )
+    return evaluate
 
 
 @summary("a random d-dimensional ergodic LQR with a linear control, against the Riccati optimum")
@@ -247,7 +251,7 @@ def lqr_nd(
 ) -> Example:
     """``lqr_problem`` on ``random_lqr(dim, seed)``: the CLI's "lqr-nd"."""
     return lqr_problem(
-        *random_lqr(dim, seed),
+        random_lqr(dim, seed),
         control=control,
         hidden=hidden,
         particles=particles,

@@ -92,5 +92,8 @@ def noisy_control(
         steps=steps,
         lr=schedules.inverse_time(lr * decay, decay),
         reference={"gain": optimum, "cost": noisy_cost(optimum, beta)},
-        evaluate=lambda theta: {"gain": float(theta["gain"]), "cost": noisy_cost(float(theta["gain"]), beta)},
+        evaluate=lambda theta, solver=None: {
+            "gain": float(theta["gain"]),
+            "cost": noisy_cost(float(theta["gain"]), beta),
+        },
     )

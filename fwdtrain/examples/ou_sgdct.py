@@ -102,7 +102,7 @@ def sgdct_ou(
         steps=steps,
         lr=schedule,
         reference={"kappa": float(kappa), "mean": float(mean)},
-        evaluate=lambda theta: {"kappa": float(theta["kappa"]), "mean": float(theta["mean"])},
+        evaluate=lambda theta, solver=None: {"kappa": float(theta["kappa"]), "mean": float(theta["mean"])},
         problem=sgdct.DriftEstimation(model, single=particles == 1),
         start=start,
         data=data,

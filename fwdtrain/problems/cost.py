@@ -74,6 +74,25 @@ def check_training_state(state: State, optimizer: GradientTransformation | None)
 
 
 _VERIFIED: weakref.WeakKeyDictionary[SDE, set[Solver]] = weakref.WeakKeyDictionary()
+_FITTED: weakref.WeakKeyDictionary[SDE, set[tuple]] = weakref.WeakKeyDictionary()
+
+
+def check_fit(sde: SDE, state: State) -> None:
+    """Check the coefficients' shapes, dtypes and device at one particle of ``state`` (``evaluate_once``), once per
+    (sde, shapes of x and theta, dtype): a state made for another SDE is refused with what does not fit, before
+    the step computes anything with it. Skipped under the user's transforms (their first call checks nothing)."""
+    if not (_checks.is_concrete(state.x) and all(_checks.is_concrete(leaf) for leaf in leaves(state.theta))):
+        return
+    signature = (
+        tuple(state.x.shape),
+        state.x.dtype,
+        state.x.device,
+        *(tuple(leaf.shape) for leaf in leaves(state.theta)),
+    )
+    done = _FITTED.setdefault(sde, set())
+    if signature not in done:
+        evaluate_once(sde, state.theta, state.x[0], name="state.x[0]")
+        done.add(signature)
 
 
 def check_solver(solver: Solver, sde: SDE, theta: Any, x: torch.Tensor) -> None:
@@ -161,6 +180,7 @@ def step_with_info(
     """``step`` that also returns ``StepInfo(cost, gradient)``: the particle-mean cost and G_n at time n."""
     problem = CostForm(sde, as_solver(solver), optimizer)
     check_step_inputs(sde, state, dw, dt, lr, optimizer)
+    check_fit(sde, state)
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
     try:
@@ -228,6 +248,7 @@ def step(
 __all__ = [
     "CostForm",
     "as_trainable",
+    "check_fit",
     "check_solver",
     "check_step_inputs",
     "check_training_state",

@@ -100,7 +100,8 @@ class Trainable(abc.ABC):
             if "solver" not in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
                 if solver != as_solver(None):
                     raise ValueError(
-                        f"{type(self).__name__} takes no solver: it does not integrate an SDE; leave solver=None"
+                        f"{type(self).__name__} takes no solver: it does not integrate an SDE (its steps are given "
+                        f"increments); leave the solver at its default (solver=None; on the command line, no --solver)"
                     )
             else:
                 changes["solver"] = solver

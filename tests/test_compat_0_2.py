@@ -1,0 +1,176 @@
+"""0.3 computes what 0.2 computed: eager results bitwise equal to values pinned with fwdtrain 0.2, a checkpoint
+written by 0.2 loads and resumes to 0.2's own continuation, and 0.2's names lead to their 0.3 homes.
+
+The pins (hex floats) and the checkpoint were written by ``tests/data/make_pins_0_2.py`` running 0.2.
+"""
+
+import importlib
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import nonlinear_2d
+
+import fwdtrain as ft
+from fwdtrain import ensemble
+
+DATA = Path(__file__).parent / "data"
+PINS = json.loads((DATA / "pins_0_2.json").read_text())
+EAGER = dict(compile=False)
+F64 = torch.float64
+
+
+def hexes(tensor):
+    return [float(v).hex() for v in tensor.detach().double().reshape(-1).tolist()]
+
+
+def assert_pinned(case, values):
+    for name, tensor in values.items():
+        assert hexes(tensor) == PINS[case][name], f"{case}: {name} differs from 0.2"
+
+
+def test_the_seed_problem_in_float32():
+    ex = ft.examples.lqr_1d(particles=8)
+    state, history = ft.run(
+        ex.sde, ft.init(ex.sde, ex.theta, ex.x0, 8), 300, ex.dt, ex.lr, 3, save=ft.SaveAt(100), **EAGER
+    )
+    assert_pinned(
+        "lqr1d_f32",
+        {
+            "theta.weight1": state.theta["weight1"],
+            "x": state.x,
+            "average_cost": history.average_cost,
+            "cost": history.cost,
+        },
+    )
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_multiplicative_noise_in_both_modes(mode):
+    ex = ft.examples.noisy_control(particles=6, dtype=F64)
+    start = ft.init(ex.sde, ex.theta, ex.x0, 6)
+    state, history = ft.run(ex.sde, start, 200, ex.dt, ex.lr, 1, solver=ft.Euler(mode=mode), **EAGER)
+    assert_pinned(
+        f"noisy_f64_{mode}",
+        {"gain": state.theta["gain"], "x_tilde": state.x_tilde["gain"], "average_cost": history.average_cost},
+    )
+
+
+def test_adam_with_averaging():
+    ex = ft.examples.lqr_1d(particles=4, dtype=F64, hidden=4)
+    rule = ft.optim.adam()
+    start = ft.init(ex.sde, ex.theta, ex.x0, 4, optimizer=rule, average_from=0.5)
+    state, _ = ft.run(ex.sde, start, 150, ex.dt, ex.lr, 2, optimizer=rule, **EAGER)
+    assert_pinned("adam_f64", {"weight0": state.theta["weight0"], "mean.weight0": state.average.mean["weight0"]})
+
+
+def test_calibration_sgdct_and_ensemble():
+    ex = ft.examples.ou_calibration(particles=8, dtype=F64)
+    state, history = ft.run(ex.problem, ex.initial_state(), 200, ex.dt, ex.lr, 4, **EAGER)
+    assert_pinned(
+        "ou_calibration_f64", {"mean": state.theta["mean"], "scale": state.theta["scale"], "cost": history.cost}
+    )
+
+    ex = ft.examples.sgdct_ou(dtype=F64, steps=500)
+    state, _ = ft.run(ex.trainable, ex.initial_state(), 500, ex.dt, ex.lr, ex.noise(5), **EAGER)
+    assert_pinned("sgdct_f64", {"kappa": state.theta["kappa"], "mean": state.theta["mean"]})
+
+    ex = ft.examples.lqr_1d(particles=4, dtype=F64, hidden=4)
+    start = ensemble.init(ex.sde, ex.theta, ex.x0, 4, members=3)
+    rates = torch.tensor([0.5, 1.0, 2.0], dtype=F64)
+    state, history = ft.run(ensemble.Ensemble(ex.sde, 3), start, 120, ex.dt, rates, 7, **EAGER)
+    assert_pinned("ensemble_f64", {"weight1": state.theta["weight1"], "average_cost": history.average_cost})
+
+
+def test_step_with_info_on_full_noise():
+    sde, theta = nonlinear_2d()
+    state = ft.init(sde, theta, torch.tensor([0.3, -0.2], dtype=F64), particles=5)
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        dw = torch.randn(5, 3, generator=generator, dtype=F64) * 0.1
+        state, info = ft.step_with_info(sde, state, dw, 0.01, 0.3)
+    assert_pinned("nonlinear2d_f64", {"a": state.theta["a"], "x": state.x, "cost": info.cost})
+
+
+def test_a_checkpoint_written_by_0_2_loads_and_resumes_to_0_2s_continuation():
+    checkpoint = ft.load(DATA / "checkpoint_0_2.pt")
+    assert checkpoint.metadata["written_by"] == "fwdtrain 0.2.0" and checkpoint.history.steps == 40
+    ex = ft.examples.lqr_1d(particles=3, dtype=F64, hidden=4)
+    state, history = ft.run(
+        ex.sde, checkpoint, 30, ex.dt, ex.lr, optimizer=ft.optim.adam(), save=ft.SaveAt(20), **EAGER
+    )
+    resumed = json.loads((DATA / "checkpoint_0_2_resumed.json").read_text())
+    assert hexes(state.theta["weight0"]) == resumed["resumed_weight0"] and history.steps == 70
+
+
+def test_0_2_run_keywords_still_work_for_one_release_with_a_warning():
+    ex = ft.examples.lqr_1d(particles=8)
+    start = ft.init(ex.sde, ex.theta, ex.x0, 8)
+    with pytest.warns(DeprecationWarning, match=r"seed=s -> noise=s.*record_every=, record= -> save=SaveAt"):
+        state, history = ft.run(ex.sde, start, 300, ex.dt, ex.lr, seed=3, record_every=100, compile=False)
+    assert_pinned("lqr1d_f32", {"theta.weight1": state.theta["weight1"], "average_cost": history.average_cost})
+
+
+@pytest.mark.parametrize(
+    ("old", "module", "new"),
+    [
+        ("Coefficients", "fwdtrain.core.sensitivity", "Coefficients"),
+        ("BrownianNoise", "fwdtrain.core.noise", "BrownianNoise"),
+        ("check_compatible", "fwdtrain.driver.checkpoint", "check_compatible"),
+        ("Trainable", "fwdtrain.problems.trainable", "Trainable"),
+        ("cache_dir", "fwdtrain.compile.cache", "cache_dir"),
+    ],
+)
+def test_a_moved_top_level_name_is_an_alias_that_names_its_new_home(old, module, new):
+    with pytest.warns(DeprecationWarning, match=rf"fwdtrain.{old} moved to {module}.{new} in 0.3"):
+        alias = getattr(ft, old)
+    assert alias is getattr(importlib.import_module(module), new)
+
+
+@pytest.mark.parametrize(
+    ("old", "says"),
+    [
+        ("step_function", "problem.advance"),
+        ("compile_advance", "step(..., compile=True)"),
+        ("run_ensemble", "fwdtrain.ensemble.Ensemble(problem, E)"),
+        ("choose_compilation", 'compile="auto"'),
+    ],
+)
+def test_a_removed_top_level_name_says_what_replaced_it(old, says):
+    with pytest.raises(AttributeError, match="removed in 0.3") as raised:
+        getattr(ft, old)
+    assert says in str(raised.value)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        ft.no_such_name  # noqa: B018
+
+
+def test_0_2_module_paths_import_with_a_warning_and_public_short_paths_without():
+    for name in [m for m in sys.modules if m in ("fwdtrain.euler", "fwdtrain.stepping")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match=r"fwdtrain.euler moved to fwdtrain.core.kernel"):
+        euler = importlib.import_module("fwdtrain.euler")
+    assert euler.advance is ft.core.kernel.advance
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from fwdtrain.noise import BrownianNoise
+        from fwdtrain.schedules import inverse_time
+    assert BrownianNoise is ft.core.noise.BrownianNoise and inverse_time is ft.schedules.inverse_time
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda ex: ft.calibration.run(ex.problem), "fwdtrain.run"),
+        (lambda ex: ft.sgdct.fit(ex.problem), "fwdtrain.run"),
+        (lambda ex: ft.ensemble.run(ex.problem), "fwdtrain.run"),
+        (lambda ex: ex.train(steps=10), "fwdtrain.run"),
+    ],
+)
+def test_removed_entry_points_of_problems_say_to_use_run(call, says):
+    ex = ft.examples.ou_calibration(particles=4)
+    with pytest.raises(AttributeError, match="removed in fwdtrain 0.3") as raised:
+        call(ex)
+    assert says in str(raised.value)
