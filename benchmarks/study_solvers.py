@@ -373,8 +373,6 @@ def compiled_equals_eager(quick: bool, compile: Any) -> dict[str, Any]:
         ("lqr-1d MLP", seed_example.sde, seed_example.theta, seed_example.x0, seed_example.lr, 0.01),
         ("GBM", gbm, gbm_theta, torch.ones(1, dtype=F64), 0.01, 0.01),
     ]
-    if quick:  # torch.compile's "eager" backend fails on GBM's Milstein step after another compile in the process
-        problems = problems[:1]  # (a fake-tensor error inside dynamo), and the process's torch.func state with it
     steps = 20 if quick else 400
     clock = time.perf_counter()
     tiny = ft.SDE(lambda th, x: -th * x, lambda th, x: torch.ones_like(x), lambda th, x: (x * x).sum())
