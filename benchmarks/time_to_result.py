@@ -14,8 +14,9 @@ compiled processes a new cache folder (``FWDTRAIN_CACHE_DIR``; inductor's caches
 - cold: the folder is empty (a first compile on this machine: the instruction-set probe and the precompiled
   headers are built too);
 - warm: a second fresh process on the same folder (the kernel's package is on disk; "auto" runs here too);
-- new: the folder keeps only what any compile on this machine reuses (the probe's result, the precompiled
-  headers), so the kernel is compiled again, as for a new problem on a machine that has compiled before.
+- new: a folder where another kernel (the same problem at N = 8) was compiled first, untimed: the
+  instruction-set probe's result and the precompiled headers are there, this kernel is not (a new problem
+  or size on a machine that has compiled before).
 
 ``call s`` is from the call of ``ft.run`` (or of ``jax_hand.time_to_result``) to the result; ``process s``
 is the parent's clock around the whole child (interpreter start, imports, setup, the run, exit). Rounds are
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -152,20 +152,6 @@ def _has_jax() -> bool:
     return True
 
 
-def machine_only(folder: str) -> None:
-    """Leave in a cache folder only what any compile on this machine reuses (the instruction-set probe's result,
-    the precompiled headers, the compile record), so that the next process compiles its kernel anew."""
-    shutil.rmtree(os.path.join(folder, "kernels"), ignore_errors=True)
-    inductor = Path(folder, "inductor")
-    for entry in inductor.iterdir() if inductor.is_dir() else ():
-        if entry.name in ("isa.json", "precompiled_headers"):
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink()
-
-
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every (variant, cache) in every round, interleaved; the samples of each."""
     samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -193,8 +179,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for cache in ("cold", "warm"):
                     launch("fwdtrain compiled", cache, "compiled", folder, r)
                 launch("fwdtrain auto (default)", "warm", "auto", folder, r)
-                machine_only(folder)
-                launch("fwdtrain compiled", "new", "compiled", folder, r)
+                used = os.path.join(root, f"used-{r}")  # another kernel (N = 8) compiled there first, untimed
+                _launch(["compiled", "8", "10", str(args.threads or 0)], {**env, "FWDTRAIN_CACHE_DIR": used})
+                launch("fwdtrain compiled", "new", "compiled", used, r)
                 launch("fwdtrain auto (default)", "cold", "auto", os.path.join(root, f"auto-{r}"), r)
             if _has_jax():
                 launch("jax hand", "-", "jax", None, r, theta_file)
