@@ -4,7 +4,8 @@
     python -m benchmarks.bench_ensemble --quick    # E = 2, N = 4, few steps, torch.compile's "eager" (seconds)
 
 Every variant is ``ft.run(..., compile=True)`` of ``--steps`` steps from the members' initial states
-(theta0 from seed e, noise ``noise=e``, the problem's schedule, default records and checks):
+(theta0 from seed e, noise ``noise=e``, alpha = 10 / (20 + t), 2 / (20 + t) at N = 1 where 4 of 16 members
+diverge with the larger rate, default records and checks):
 "ensemble" is one run of ``ft.ensemble.Ensemble(sde, E)`` on the stacked state (``noise=0``: member
 e draws seed e), "sequential" is E single runs one after the other (one compiled kernel, reused),
 "single" is one of them. The table gives steps/s per member (member-steps/s: E x steps / seconds)
@@ -30,6 +31,7 @@ from fwdtrain import ensemble
 from . import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
+LR_SCALE, LR_SCALE_ONE = 10.0, 2.0  # alpha = scale / (20 + t): the problem's default, and for N = 1
 
 
 def _timed(fn) -> tuple[Any, float]:
@@ -39,7 +41,8 @@ def _timed(fn) -> tuple[Any, float]:
 
 
 def measure(members: int, particles: int, steps: int, rounds: int, compile: ft.Compile) -> list[dict]:
-    examples = [ft.examples.lqr_1d(particles=particles, seed=e) for e in range(members)]
+    scale = LR_SCALE if particles > 1 else LR_SCALE_ONE  # one particle: 4 of 16 members diverge with 10 / (20 + t)
+    examples = [ft.examples.lqr_1d(particles=particles, seed=e, lr=scale) for e in range(members)]
     sde, dt, lr = examples[0].sde, examples[0].dt, examples[0].lr
     states = [ft.init(sde, ex.theta, ex.x0, particles) for ex in examples]
     stacked = ensemble.stack(states)
@@ -80,6 +83,7 @@ def measure(members: int, particles: int, steps: int, rounds: int, compile: ft.C
                 "members": runs[name],
                 "particles": particles,
                 "steps": steps,
+                "lr_scale": scale,
                 "seconds": seconds,
                 "samples_s": times[name],
                 "member_steps_per_s": rate,
