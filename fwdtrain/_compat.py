@@ -38,6 +38,15 @@ def forward_mode_traceable() -> bool:
     return DYNAMO_TRACES_FORWARD_MODE or not torch.compiler.is_compiling()
 
 
+def in_dtype(tangents: Any, dtype: torch.dtype) -> Any:
+    """``tangents`` (a pytree) cast to ``dtype``. torch <= 2.13's forward mode promotes the tangent of
+    ``0.1 * y`` for a 0-d float32 y to float64 (the Python scalar becomes a 0-d float64 tensor in the
+    derivative formula), so a forward-mode derivative can come out in another dtype than its value."""
+    import optree
+
+    return optree.tree_map(lambda t: t if t.dtype == dtype else t.to(dtype), tangents)
+
+
 def tracing() -> bool:
     """True while torch.compile (dynamo) or ``make_fx`` records a graph of the code being run."""
     if torch.compiler.is_compiling():

@@ -138,7 +138,18 @@ def apply_updates(theta: PyTree, updates: PyTree) -> PyTree:
 
 
 def chain(*transformations: GradientTransformation) -> GradientTransformation:
-    """Apply transformations in order: the updates of one are the gradient of the next; the state is a tuple."""
+    """Apply transformations in order: the output of one is the gradient of the next.
+
+    Args:
+        *transformations: ``GradientTransformation`` objects; the last one usually turns the direction into
+            the step (``scale_by_rate``, which every alias ends with).
+
+    Returns:
+        The composed ``GradientTransformation``; its state is the tuple of their states.
+
+    Raises:
+        ValueError: An argument that is not a ``GradientTransformation``.
+    """
     for i, tr in enumerate(transformations):
         _check(
             isinstance(tr, GradientTransformation),
@@ -236,7 +247,17 @@ def scale_by_rms(decay: float = 0.99, eps: float = 1e-8, centered: bool = False)
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     """G -> G min(1, c / |G|), |G|^2 = sum over all leaves: caps the global norm at c, small G unchanged (bitwise).
 
-    Branch-free and safe to differentiate: the square root is only taken where |G| > c > 0.
+    Branch-free and safe to differentiate: the square root is only taken where |G| > c > 0. Put it first in
+    a ``chain``.
+
+    Args:
+        max_norm: c, finite and > 0.
+
+    Returns:
+        A stateless ``GradientTransformation`` that maps G to the clipped G.
+
+    Raises:
+        ValueError: c not finite or not > 0.
     """
     _check(
         math.isfinite(max_norm) and max_norm > 0.0, f"clip_by_global_norm needs a finite max_norm > 0, got {max_norm}"
@@ -260,19 +281,50 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
 
 def sgd() -> GradientTransformation:
-    """theta_{n+1} = theta_n - alpha(t_n) h G_n, bitwise equal to ``fwdtrain.core.kernel.descend``."""
+    """Plain SGD: theta_{n+1} = theta_n - alpha(t_n) h G_n, bitwise the update without a rule.
+
+    Returns:
+        The ``GradientTransformation`` (its state is ``EmptyState()``).
+    """
     return scale_by_rate()
 
 
 def momentum(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformation:
-    """Heavy ball (or Nesterov): s_n = -alpha(t_n) h b_n; torch.optim.SGD(lr=alpha h, momentum, nesterov)."""
+    """Heavy ball (or Nesterov) momentum: b_n = mu b_{n-1} + G_n, s_n = -alpha(t_n) h b_n.
+
+    The numbers of ``torch.optim.SGD(lr=alpha h, momentum=mu, nesterov=...)``.
+
+    Args:
+        momentum: mu in [0, 1) (default 0.9).
+        nesterov: The direction G_n + mu b_n instead of b_n (needs mu > 0).
+
+    Returns:
+        The ``GradientTransformation``; its state holds the trace b per leaf (``MomentumState``).
+
+    Raises:
+        ValueError: mu out of range, or ``nesterov`` with mu = 0.
+    """
     return chain(scale_by_momentum(momentum, nesterov), scale_by_rate())
 
 
 def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
     """Adam: s_n = -alpha(t_n) h (m_n / c1) / (sqrt(v_n / c2) + eps).
 
-    The numbers of torch.optim.Adam(lr=alpha h, betas=(b1, b2), eps).
+    m_n = b1 m + (1 - b1) G, v_n = b2 v + (1 - b2) G^2, c_i = 1 - b_i^n; the numbers of
+    ``torch.optim.Adam(lr=alpha h, betas=(b1, b2), eps=eps)``. The direction is normalised, so the
+    step does not shrink with the gradient: with the same decay of alpha it keeps a larger noise ball
+    than sgd.
+
+    Args:
+        b1: Decay of the first moment, in [0, 1).
+        b2: Decay of the second moment, in [0, 1).
+        eps: > 0, added to sqrt(v).
+
+    Returns:
+        The ``GradientTransformation``; its state is a tuple with an ``AdamState`` (count, m, v).
+
+    Raises:
+        ValueError: A hyperparameter out of range.
     """
     return chain(scale_by_adam(b1, b2, eps), scale_by_rate())
 
@@ -282,7 +334,20 @@ def rmsprop(
 ) -> GradientTransformation:
     """RMSprop: s_n = -alpha(t_n) h b_n, b_n = mu b_{n-1} + G_n / (sqrt(v_n) + eps) (b_n = G_n / ... when mu = 0).
 
-    The numbers of torch.optim.RMSprop(lr=alpha h, alpha=decay, eps, centered, momentum).
+    The numbers of ``torch.optim.RMSprop(lr=alpha h, alpha=decay, eps, centered, momentum)``.
+
+    Args:
+        decay: Decay of the mean square v, in [0, 1) (torch's ``alpha``, renamed: alpha is the learning
+            rate here).
+        eps: > 0, added to sqrt(v).
+        centered: Divide by sqrt(v - m^2) (m the running mean of G) instead of sqrt(v).
+        momentum: mu in [0, 1); 0: no momentum.
+
+    Returns:
+        The ``GradientTransformation``.
+
+    Raises:
+        ValueError: A hyperparameter out of range.
     """
     parts = [scale_by_rms(decay, eps, centered)]
     if momentum != 0.0:
@@ -301,7 +366,18 @@ OPTIMIZERS: dict[str, Callable[..., GradientTransformation]] = {
 
 
 def optimizer(name: Optimizer, **options: Any) -> GradientTransformation:
-    """The named optimiser built with its options, e.g. ``optimizer("adam", b1=0.8)`` (for the command line)."""
+    """The named optimiser built with its options, e.g. ``optimizer("adam", b1=0.8)`` (for the command line).
+
+    Args:
+        name: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"rmsprop"``.
+        **options: Keyword arguments of that factory.
+
+    Returns:
+        The ``GradientTransformation``.
+
+    Raises:
+        ValueError: An unknown name or option.
+    """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
     factory = OPTIMIZERS[name]

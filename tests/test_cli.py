@@ -166,22 +166,6 @@ def test_default_problem_and_help(capsys):
     assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()
 
 
-def test_readme_quick_start_and_example_run(tmp_path, monkeypatch):
-    text = (ROOT / "README.md").read_text()
-    commands = re.search(r"## Quick start\n\n```\n(.*?)```", text, re.S).group(1).splitlines()
-    setup = "pip install torch==2.13.0 -e '.[test,plot]' && "
-    assert commands[:2] == [setup + "python -m fwdtrain", setup + "python -m pytest -q"]
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    code = blocks[0].replace("range(1000)", "range(60)")  # the same code, fewer steps
-    driver = blocks[1].replace("20_000", "30")
-    assert code != blocks[0] and driver != blocks[1]
-    monkeypatch.chdir(tmp_path)  # the driver example writes run.pt
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    exec(compile(driver, "README.md", "exec"), namespace)
-    assert namespace["history"].steps == 60 and (tmp_path / "run.pt").exists()
-
-
 def test_calibration_and_sgdct_compile_through_the_cli_and_equal_eager(capsys):
     """0.2: every problem trains through run, so --compile (and --fuse) apply to the calibrations and SGDCT."""
     results = {}

@@ -251,3 +251,98 @@ def test_the_loop_kernel_equals_its_eager_meaning():
     expected = ft.compile.graphs.run_steps(step, 5, 2, (noise, alphas), carry)
     assert_trees_close(list(flat), expected)
     assert math.isclose(float(leaves(expected)[-1]), float(flat[-1]))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_float32_run_with_a_clock_dependent_rate_equals_eager():
+    """The compiled loop's rates alpha(t_k) come from clocks rounded as the float32 step rounds them, and in the
+    dtype the kernel was built for (SGDCT's data-driven steps, float32, inverse-time rate)."""
+    ex = ft.examples.sgdct_ou(particles=4, steps=200)
+    start = ex.initial_state()
+    options = dict(save=ft.SaveAt(50), checks=ft.Checks(50))
+    eager, _ = ft.run(ex.trainable, start, 200, ex.dt, ex.lr, ex.noise(0), compile=False, **options)
+    compiled, _ = ft.run(ex.trainable, start, 200, ex.dt, ex.lr, ex.noise(0), compile=True, **options)
+    assert torch.equal(compiled.t, eager.t)
+    assert_trees_close(compiled.theta, eager.theta, rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_refuses_inputs_of_another_dtype_instead_of_reading_garbage():
+    _, state = small_problem()
+    kernel = kernels.function_kernel(
+        lambda s: s.x * 2, (state,), key=("double-x", "test"), options=ft.Compile(True), what="x times 2"
+    )
+    assert torch.equal(kernel(state), state.x * 2)
+    as_float32 = ft.core._tree.tree_map(lambda leaf: leaf.float(), state)
+    with pytest.raises(TypeError, match="was built for inputs"):
+        kernel(as_float32)
+
+
+def test_the_frozen_theta_kernel_takes_theta_as_input_so_each_theta_gets_its_own_cost():
+    """One compiled evaluation kernel serves every theta (carried, not baked in): J(k) = 1 / (2 k) for
+    dX = -k X dt + dW, cost X^2, each within its Monte Carlo error and equal to the eager estimate."""
+    sde = ft.SDE(
+        lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x * x).sum(), noise_type="additive"
+    )
+    x0 = torch.zeros(1, dtype=torch.float64)
+    compiles = None
+    for k in (1.0, 4.0):
+        theta = {"k": torch.tensor(k, dtype=torch.float64)}
+        options = dict(particles=64, dt=0.01, steps=3000, burn_in=500, seed=1)
+        compiled = ft.stationary_cost(
+            sde, theta, x0, compile=ft.Compile(True, route="dynamo", backend="eager"), **options
+        )
+        eager = ft.stationary_cost(sde, theta, x0, compile=False, **options)
+        assert compiled.mean == pytest.approx(eager.mean, rel=1e-12)
+        assert abs(compiled.mean - 1 / (2 * k)) < 5 * compiled.stderr + 0.01 / k  # Euler's O(h) bias included
+        compiles = kernels.counts()["compiles"] if compiles is None else compiles
+    assert kernels.counts()["compiles"] == compiles  # the second theta compiled nothing
+
+
+def test_inputs_laid_out_otherwise_are_copied_to_the_kernels_layout():
+    kernel = kernels.function_kernel(
+        lambda a: a @ a.T,
+        (torch.eye(3, dtype=torch.float64) * 2,),
+        key=("gram", "test"),
+        options=ft.Compile(True),
+        what="a gram matrix",
+    )
+    transposed = torch.arange(9, dtype=torch.float64).reshape(3, 3).T  # another stride, same shape
+    assert torch.equal(kernel(transposed), transposed @ transposed.T)
+
+
+def test_a_cost_with_its_own_theta_term_compiles_in_float32():
+    """Forward mode gives the derivative of 0.1 k^2 (k 0-d, float32) in float64 in torch <= 2.13; the totals are
+    cast back, so the compiled loop's carry keeps its dtypes and nothing falls back (or reads garbage)."""
+    sde = ft.SDE(
+        lambda th, x: -th["k"] * (x - th["m"]),
+        lambda th, x: 0.5 * torch.ones_like(x),
+        lambda th, x: ((x - 1) ** 2).sum() + 0.1 * th["k"] ** 2,
+    )
+    state = ft.init(sde, {"k": torch.tensor(1.0), "m": torch.tensor(0.0)}, torch.zeros(1), particles=16)
+    _, info = ft.step_with_info(sde, state, torch.zeros(16, 1), 0.01, 0.1, mode="forward")
+    assert all(g.dtype == torch.float32 for g in info.gradient.values())
+    schedule = ft.schedules.inverse_time(2.0, 10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled = ft.run(sde, state, 30, 0.01, schedule, 1, compile=ft.Compile(True, route="dynamo", backend="eager"))
+    eager = ft.run(sde, state, 30, 0.01, schedule, 1, compile=False)
+    assert_trees_close(compiled.state.theta, eager.state.theta, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_an_unrolled_loop_equals_eager_for_counts_that_are_not_multiples_of_its_unroll():
+    ex, state = small_problem()
+    options = dict(save=ft.SaveAt(10), checks=ft.Checks(10))
+    eager, _ = ft.run(ex.sde, state, 27, DT, ex.lr, 3, compile=False, **options)
+    unrolled, _ = ft.run(ex.sde, state, 27, DT, ex.lr, 3, compile=ft.Compile(True, unroll=3), **options)
+    assert_trees_close(unrolled, eager)  # segments of 1, 9, 10 and 7 steps: whole and partial iterations
+
+
+def test_unroll_is_checked_and_is_what_0_2s_fuse_became():
+    with pytest.raises(ValueError, match=r"Compile\(unroll=...\)"):
+        ft.compile.options.as_compile(ft.Compile(True, unroll=0))
+    from fwdtrain.driver.legacy import translate
+
+    _, kwargs, said = translate((), {"compile": "auto"}, {"fuse": 4})
+    assert kwargs["compile"] == ft.Compile(True, unroll=4) and "unroll=K" in said[0]

@@ -315,23 +315,6 @@ def test_helpers_and_errors_before_any_step():
         ft.run(en.Ensemble(sde, 3), bad, 1, DT, 0.1)
 
 
-def test_readme_ensemble_example():
-    """The README's "Ensembles" example, run as written with fewer steps and particles."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = re.search(r"## Ensembles\n(.*?)\n## ", text, re.S).group(1)
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    short = block.replace("2_000", "40").replace("particles=64", "particles=4").replace(", 64, stacked", ", 4, stacked")
-    assert short.count("40") >= 1 and "particles=4" in short
-    namespace: dict = {}
-    exec(compile(short, "README.md", "exec"), namespace)
-    history = namespace["history"]
-    assert history.average_cost.shape == (1, 4) and history.diverged.tolist() == [False] * 4
-    assert namespace["member"].theta["weight0"].shape == (1, 16, 1)
-
-
 def test_inductor_compiles_the_vmapped_step():
     """One real inductor compile (~20 s cold): no fallback to eager, the same numbers as eager."""
     import warnings

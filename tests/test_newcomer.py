@@ -161,7 +161,7 @@ def test_the_help_shows_problem_as_optional_with_each_problems_defaults(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: fwdtrain [-h] [PROBLEM]")
-    assert "(defaults: steps 6000, dt 0.01, particles 256, lr 10)" in " ".join(out.split())
+    assert "(defaults: steps 6000, dt 0.01, particles 256, lr 0.5)" in " ".join(out.split())
     assert "the user's" not in out and "the seed problem's 1-D LQR" in out
 
 

@@ -68,3 +68,9 @@ def test_single_path_and_errors():
         sgdct.step(model, theta, torch.ones(1, dtype=torch.float64), increments[0], 0.02, 0.5)
     with pytest.raises(ValueError, match="dt must be positive"):
         sgdct.step(model, sgdct.init(theta), torch.ones(1, dtype=torch.float64), increments[0], -0.02, 0.5)
+
+
+def test_the_clock_is_float64_so_a_long_float32_run_ends_at_its_time():
+    ex = sgdct_ou(particles=2, steps=20_000)
+    state, _ = ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(0), compile=False)
+    assert state.t.dtype == torch.float64 and abs(float(state.t) - 200.0) < 1e-9

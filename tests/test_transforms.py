@@ -342,45 +342,6 @@ def test_plain_calls_stay_graph_free():
     assert all(leaf.grad_fn is None and not leaf.requires_grad for leaf in torch.utils._pytree.tree_leaves(state))
 
 
-def test_readme_transform_examples():
-    """The three examples of the README's "Transforms" section, run as written (fewer steps) and checked."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = re.search(r"## Transforms: grad, vmap, meta-gradients\n(.*?)\n## ", text, re.S).group(1)
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 3
-    namespace: dict = {}
-    setup = blocks[0].replace("0.01, 32, 300", "0.01, 8, 40")
-    assert setup != blocks[0]
-    for block in [setup, *blocks[1:]]:
-        exec(compile(block, "README.md", "exec"), namespace)
-    ns = namespace
-    sde, theta0, x0, dws, dt = ns["sde"], ns["theta0"], ns["x0"], ns["dws"], ns["dt"]
-    # the sweep equals one training per learning rate
-    for r, lr in enumerate(ns["lrs"]):
-        alone = _run_from(sde, theta0, x0, dws, dt, float(lr))
-        torch.testing.assert_close(ns["states"].theta["k"][r], alone.theta["k"], rtol=0, atol=1e-13)
-    assert len(set(ns["states"].theta["k"].squeeze(1).tolist())) == 4
-    # the meta-gradient equals a central difference
-    eps = 1e-6
-    scale = ns["scale"]
-    reference = (ns["final_cost"](scale + eps) - ns["final_cost"](scale - eps)) / (2 * eps)
-    assert abs(float(reference)) > 1e-4
-    torch.testing.assert_close(ns["meta"], reference, rtol=1e-6, atol=1e-10)
-    # forward propagation equals backpropagation through time
-    assert float(ns["forward"].abs().max()) > 1e-3
-    torch.testing.assert_close(ns["backward"]["k"], ns["forward"], rtol=0, atol=1e-13)
-
-
-def _run_from(sde, theta, x0, dws, dt, lr):
-    state = ft.init(sde, theta, x0, particles=dws.shape[1])
-    for dw in dws:
-        state = ft.step(sde, state, dw, dt, lr)
-    return state
-
-
 def _controlled(outputs):
     """A ControlledSDE, control 2 -> 4 -> ``outputs`` (tanh), diagonal diffusion depending on x and u.
     route="auto" takes the structure-aware route for one control output, the generic one for two."""

@@ -113,7 +113,13 @@ def _output_options(add: Callable[..., Any]) -> None:
         help="compile the step (traced once; kept on disk, so a later run loads it); --no-compile: eager. "
         "Default: compile when the run is long enough to repay it, as measured on this machine",
     )
-    add("--fuse", type=_positive_int, metavar="K", help=argparse.SUPPRESS)  # 0.2: fusing is automatic in 0.3
+    add(
+        "--fuse",
+        type=_positive_int,
+        metavar="K",
+        help="compiled runs take K steps per iteration of their loop (fwdtrain.Compile(unroll=K)): less overhead "
+        "per step for small problems, a longer first compile (default 1)",
+    )
     add(
         "--checkpoint",
         metavar="PATH",
@@ -155,19 +161,23 @@ def _options() -> argparse.ArgumentParser:
     return common
 
 
-def defaults_of(builder: Callable[..., Any]) -> str:
-    """The problem's defaults as the help shows them: "steps 6000, dt 0.01, particles 256, lr 10"."""
+def defaults_of(builder: Callable[..., Any], built: bool = True) -> str:
+    """The problem's defaults as the help shows them: "steps 6000, dt 0.01, particles 256, lr 0.5", lr being
+    alpha(0), what --lr sets (read from the built example; ``built=False``: the builder's own defaults only)."""
     parameters = inspect.signature(builder).parameters
     shown = [
         f"{name} {parameters[name].default:g}"
-        for name in ("steps", "dt", "particles", "lr")
+        for name in ("steps", "dt", "particles")
         if name in parameters and isinstance(parameters[name].default, (int, float))
     ]
+    if built:
+        shown.append(f"lr {float(builder().lr(torch.zeros((), dtype=torch.float64))):g}")
     return ", ".join(shown)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser: one subcommand per problem of ``fwdtrain.examples.REGISTRY``, sharing the options."""
+def build_parser(helping: bool = True) -> argparse.ArgumentParser:
+    """The parser: one subcommand per problem of ``fwdtrain.examples.REGISTRY``, sharing the options
+    (``helping``: each problem's help shows its learning rate alpha(0), which builds the example)."""
     parser = _Parser(
         prog="fwdtrain",
         usage="fwdtrain [-h] [PROBLEM] [options]",
@@ -180,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _options()
     for name, builder in examples.REGISTRY.items():
         summary = getattr(builder, "summary", None) or name
-        defaults = defaults_of(builder)
+        defaults = defaults_of(builder, built=helping)
         sub.add_parser(
             name,
             parents=[common],
@@ -208,13 +218,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     """(the options, whether the problem was named). ``UsageError`` for a bad command line; SystemExit(0)
     for --help."""
     named = bool(argv) and argv[0] in examples.REGISTRY
-    args = build_parser().parse_args(with_problem(argv))
+    helping = any(word in ("-h", "--help") for word in argv)
+    args = build_parser(helping).parse_args(with_problem(argv))
     if args.fuse is not None and args.compile is False:
-        raise UsageError(
-            f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one "
-            f"(in fwdtrain 0.3 compiled runs take every run of steps between two events in one call: "
-            f"--fuse is no longer needed)"
-        )
+        raise UsageError(f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one")
     return args, named
 
 

@@ -86,7 +86,7 @@ def train(job: Job) -> Trained:
         optimizer=job.rule,
         solver=job.training["solver"],
         hooks=_hooks(job),
-        compile=Compile(enabled),
+        compile=Compile(enabled, unroll=args.fuse or 1),
     )
     start, unsaved = time.perf_counter(), None
     try:

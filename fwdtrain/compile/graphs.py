@@ -88,30 +88,43 @@ def run_steps(step: StepFn, count: int, start: int, inputs: PyTree, carry: PyTre
 class Loop(torch.nn.Module):
     """``forward(count, start, *input_leaves, *carry_leaves) -> carry_leaves``: ``run_steps`` of a traced step.
 
-    ``step_graph`` takes (*carry_leaves, *one_step_input_leaves) and returns the new carry leaves.
+    ``step_graph`` takes (*carry_leaves, *one_step_input_leaves) and returns the new carry leaves. With
+    ``unroll`` K > 1, a first loop takes K steps per iteration (one kernel body for K steps) and a second
+    one the count % K steps left.
     """
 
-    def __init__(self, step_graph: torch.fx.GraphModule, inputs: int) -> None:
+    def __init__(self, step_graph: torch.fx.GraphModule, inputs: int, unroll: int = 1) -> None:
         super().__init__()
         self.step = step_graph
         self.inputs = inputs
+        self.unroll = unroll
+
+    def _steps(self, blocks: tuple, count: int, start: torch.Tensor, i: torch.Tensor, state: tuple) -> tuple:
+        """``count`` steps from step ``start + i``; a leaf the step passes through (t0 of an average) is copied,
+        as ``while_loop`` refuses a body output that aliases its input."""
+        for k in range(count):
+            index = (start + i + k).reshape(1)
+            out = self.step(*state, *[block.index_select(0, index).squeeze(0) for block in blocks])
+            state = tuple(leaf.clone() if any(leaf is s for s in state) else leaf for leaf in out)
+        return state
 
     def forward(self, count: torch.Tensor, start: torch.Tensor, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torch._higher_order_ops.while_loop import while_loop
 
         blocks, carry = leaves[: self.inputs], leaves[self.inputs :]
-
-        def condition(i: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
-            return i < count
-
-        def body(i: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            index = (start + i).reshape(1)
-            step_inputs = [block.index_select(0, index).squeeze(0) for block in blocks]
-            out = self.step(*state, *step_inputs)  # a leaf the step passes through (t0 of an average) is copied:
-            return (i + 1, *(leaf.clone() if any(leaf is s for s in state) else leaf for leaf in out))  # no aliasing
-
+        k = self.unroll
         zero = torch.zeros((), dtype=torch.int64, device=count.device)
-        return tuple(while_loop(condition, body, (zero, *carry))[1:])
+        out = (zero, *carry)
+        if k > 1:
+            out = while_loop(
+                lambda i, *_: i + k <= count,
+                lambda i, *state: (i + k, *self._steps(blocks, k, start, i, state)),
+                out,
+            )
+        out = while_loop(
+            lambda i, *_: i < count, lambda i, *state: (i + 1, *self._steps(blocks, 1, start, i, state)), tuple(out)
+        )
+        return tuple(out[1:])
 
 
 __all__ = ["Loop", "StepFn", "Traced", "run_steps", "trace"]

@@ -165,6 +165,23 @@ class _Package:
         self.device = next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.run: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
         self.loaded_from_disk = False
+        self.signature = [(t.dtype, t.shape, t.stride()) for t in example]
+
+    def fits(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``flat`` laid out as the example the package was built for (its C++ runner reads memory as it was
+        told to: another dtype or shape would be read as garbage, so it is refused; other strides are copied)."""
+        if len(flat) != len(self.signature) or any(
+            (t.dtype, t.shape) != expected[:2] for t, expected in zip(flat, self.signature, strict=False)
+        ):
+            given = [(t.dtype, tuple(t.shape)) for t in flat]
+            raise TypeError(
+                f"fwdtrain internal error: the compiled kernel {self.path.name} was built for inputs "
+                f"{[(d, tuple(s)) for d, s, _ in self.signature]} and was called with {given}; please report it"
+            )
+        return [
+            t if t.stride() == stride or t.numel() <= 1 else _restrided(t, stride)
+            for t, (_, _, stride) in zip(flat, self.signature, strict=True)
+        ]
 
     @property
     def warm(self) -> bool:
@@ -218,8 +235,15 @@ class _Package:
             pass
 
 
-def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Package, Any]:
-    """Trace ``step`` once and wrap it in ``graphs.Loop``; (its package, the carry's pytree spec)."""
+def _restrided(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """A copy of ``tensor`` with the memory layout ``stride``."""
+    out = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor)
+
+
+def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1) -> tuple[_Package, Any]:
+    """Trace ``step`` once and wrap it in ``graphs.Loop`` (``unroll`` steps per iteration); (its package, the
+    carry's pytree spec)."""
     example_step = optree.tree_map(lambda block: block[0], inputs)
     traced = graphs.trace(step, (carry, example_step))
     graphs.unfold_small_matmuls(traced.graph)
@@ -229,8 +253,8 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any) -> tuple[_Packag
     count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
     example = [count, start, *input_leaves, *carry_leaves]  # would alias one
     options = inductor_options(carry)
-    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, "loop")
-    module = graphs.Loop(traced.graph, len(input_leaves))  # the traced step takes (carry leaves, input leaves)
+    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}")
+    module = graphs.Loop(traced.graph, len(input_leaves), unroll)  # the traced step takes (carry leaves, input leaves)
     return _Package(module, example, key, options, traced.nodes), carry_spec
 
 
@@ -249,7 +273,7 @@ class LoopKernel:
         self.checked = not options.verify
         if options.route == "aot":
             try:
-                self.package, self.carry_spec = _loop_package(step, carry, inputs)
+                self.package, self.carry_spec = _loop_package(step, carry, inputs, options.unroll)
                 return
             except Exception as error:
                 self._fall_back(error)
@@ -292,7 +316,7 @@ class LoopKernel:
                     *optree.tree_leaves(inputs),
                     *optree.tree_leaves(carry),
                 ]
-                return optree.tree_unflatten(self.carry_spec, run(flat))
+                return optree.tree_unflatten(self.carry_spec, run(self.package.fits(flat)))
         return graphs.run_steps(self.compiled_step or self.step, count, start, inputs, carry)
 
     def _check(self, run: Callable, start: int, inputs: Any, carry: Any) -> Callable:
@@ -303,7 +327,7 @@ class LoopKernel:
             return run
         flat = [torch.tensor(1), torch.tensor(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
         expected = optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
-        if _close(run(flat), expected):
+        if _close(run(self.package.fits(flat)), expected):
             return run
         _warn(
             f"the compiled kernel {self.package.path.name} on disk does not reproduce the eager step of "
@@ -351,7 +375,7 @@ class FunctionKernel:
             except Exception as error:
                 self._fall_back(error)
             else:
-                out = optree.tree_unflatten(self.out_spec, run(_leaves(args)))
+                out = optree.tree_unflatten(self.out_spec, run(self.package.fits(_leaves(args))))
                 if self.checked:
                     return out
                 self.checked = True

@@ -25,24 +25,25 @@ FIELDS = ("step", "t", "cost", "grad_norm", "average_cost")  # the per-record (R
 
 
 class History(NamedTuple):
-    """What ``run`` records every ``record_every`` steps and at the last step (R records).
+    """What ``run`` records every ``SaveAt.every`` steps and at the last step: R records.
 
-    step (R,):         step count n since the start of training (continues across resumes).
-    t (R,):            time t_n.
-    cost (R,):         particle-mean cost averaged over the steps since the previous record at a
-                       multiple of ``record_every``: mean over k in (g, n] of mean_i c(X^i_{k-1}).
-    grad_norm (R,):    |G_{n-1}|, the norm of the particle-mean gradient estimate of the last step.
-    theta:             ``record(state)`` stacked over records (default theta itself: leaves (R, *s)).
-    average_cost (R,): float64 running mean of the particle-mean cost over every step since the
-                       start of training, (1/n) sum_{k<n} mean_i c(X^i_k): the online estimate of J.
-    carry:             what a continuation needs: the noise position after the last record and the
-                       running cost sums (a dict of tensors; saved in checkpoints).
-    interrupted:       0-d bool tensor, True when the run was stopped by KeyboardInterrupt.
-    diverged:          ensembles only (None otherwise): (E,) bool, member e diverged and is frozen.
-    frozen_at:         ensembles only: (E,) int64, the step of member e's last finite state (the one it is
-                       frozen at; its records after that step hold NaN costs), -1 for a member still running.
-    theta_average:     the state's Polyak-Ruppert mean of theta (``State.average.mean``) stacked over
-                       records (leaves (R, *s)); None when the state carries no average.
+    Attributes:
+        step: (R,) step count n since the start of training (continues across calls and resumes).
+        t: (R,) time t_n.
+        cost: (R,) particle-mean cost averaged over the steps since the previous record on the grid of
+            ``SaveAt.every``: the mean over k in (g, n] of (1/N) sum_i c(X^i_{k-1}).
+        grad_norm: (R,) |G_{n-1}|, the norm of the gradient estimate of the last step.
+        theta: ``SaveAt.record(state)`` stacked over records; by default theta itself, leaves (R, *s).
+        average_cost: (R,) float64 running mean of the particle-mean cost over every step since the start
+            of training, (1/n) sum_{k<n} (1/N) sum_i c(X^i_k): the online estimate of J.
+        carry: What a continuation needs: the noise position after the last record and the running cost
+            sums (a dict of tensors; saved in checkpoints).
+        interrupted: 0-d bool tensor, True when the run was stopped by KeyboardInterrupt.
+        diverged: Ensembles only (None otherwise): (E,) bool, member e diverged and is frozen.
+        frozen_at: Ensembles only: (E,) int64, the step of member e's last finite state (the one it is
+            frozen at; its records after that step hold NaN costs), -1 for a member still running.
+        theta_average: The state's Polyak-Ruppert mean of theta (``State.average.mean``) stacked over
+            records (leaves (R, *s)); None when the state carries no average.
 
     In an ensemble (``fwdtrain.ensemble``) every per-record field but ``step`` has a member axis after the
     record axis: t, cost, grad_norm, average_cost (R, E), theta leaves (R, E, *s);

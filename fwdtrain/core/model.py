@@ -20,7 +20,12 @@ Apply = Callable[[Params, torch.Tensor], torch.Tensor]
 
 
 class Model(NamedTuple):
-    """A pure model: ``apply(theta, x)`` and its initial parameters ``theta``."""
+    """A pure model: ``apply(theta, x)`` and its initial parameters ``theta``.
+
+    Attributes:
+        apply: ``apply(theta, x) -> output``, a pure function of the parameters and the input.
+        theta: The initial parameters, a dict of plain tensors (no ``requires_grad``, no ``grad_fn``).
+    """
 
     apply: Apply
     theta: Params
@@ -29,8 +34,19 @@ class Model(NamedTuple):
 def functional(module: torch.nn.Module) -> Model:
     """Turn any ``torch.nn.Module`` into a pure ``apply(theta, x)`` and its parameters.
 
-    ``theta`` holds detached copies of ``module.named_parameters()``; buffers are
-    copied once and frozen into ``apply``. The module itself is never modified.
+    ``apply`` calls the module through ``torch.func.functional_call``, so ``torch.func`` transforms
+    differentiate and batch it; the module itself is never modified.
+
+    Args:
+        module: The network, e.g. ``torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), ...)``.
+
+    Returns:
+        ``Model(apply, theta)``: ``theta`` holds detached copies of ``module.named_parameters()`` (keyed by
+        their names); buffers are copied once and frozen into ``apply``.
+
+    Raises:
+        TypeError: ``module`` is not a ``torch.nn.Module``.
+        ValueError: The module has no parameters.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"functional(module) expects a torch.nn.Module, got {type(module).__name__}")
@@ -66,12 +82,25 @@ def mlp(
 ) -> Model:
     """A multilayer perceptron ``sizes[0] -> ... -> sizes[-1]`` as a pure model.
 
-    Layer ``i`` computes ``z W_i^T + b_i``; hidden layers apply ``activation``.
-    Weights and biases are drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's
-    ``nn.Linear`` default) from a generator seeded with ``seed``; the last
-    layer's weights are multiplied by ``output_scale``. ``theta`` keys are
-    ``"weight{i}"`` and ``"bias{i}"``. ``apply`` accepts ``x`` of shape
-    ``(sizes[0],)`` or ``(..., sizes[0])``.
+    Layer i computes z W_i^T + b_i; hidden layers apply ``activation``. Weights and biases are drawn
+    from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (``torch.nn.Linear``'s default) by a generator seeded with
+    ``seed``, so the same arguments give the same network.
+
+    Args:
+        sizes: Layer widths, at least two, e.g. ``[1, 16, 1]``.
+        activation: ``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"softplus"``, ``"silu"`` or ``"identity"``.
+        output_bias: Whether the last layer has a bias.
+        seed: Seed of the initial weights.
+        dtype: ``torch.float32`` or ``torch.float64``.
+        output_scale: Factor on the last layer's initial weights (e.g. 0.1 for a control that starts near 0).
+
+    Returns:
+        ``Model(apply, theta)``: ``theta`` has keys ``"weight{i}"`` (shape (sizes[i+1], sizes[i])) and
+        ``"bias{i}"``; ``apply(theta, x)`` takes x of shape (sizes[0],) or (..., sizes[0]).
+
+    Raises:
+        ValueError: Fewer than two sizes, a size that is not a positive integer, or an unknown activation.
+        TypeError: A dtype that is not floating.
     """
     sizes = list(sizes)
     if len(sizes) < 2 or not all(isinstance(s, Integral) and not isinstance(s, bool) and s >= 1 for s in sizes):

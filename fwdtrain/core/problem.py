@@ -64,12 +64,27 @@ def _check_declared(noise_type: Any, owner: str) -> None:
 
 @dataclass(frozen=True)
 class SDE:
-    """A parametric SDE with a running cost, all functions of one particle.
+    """A parametric SDE with a running cost, all functions of one particle:
 
-    drift(theta, x) -> (d,); diffusion(theta, x) -> (d, m) or (d,) (diagonal
-    noise); cost(theta, x) -> scalar. They must be pure and built from torch
-    operations so that ``torch.func`` can differentiate and ``vmap`` them.
-    ``noise_type`` (keyword): "additive", "diagonal", "general" or None (inferred).
+        dX = mu(X, theta) dt + sigma(X, theta) dW,      running cost c(X, theta)
+
+    with X in R^d, W an m-dimensional Brownian motion and theta a pytree of tensors (e.g. a dict).
+    The three functions must be pure and built from torch operations (no ``.item()``, no in-place
+    changes of their inputs), so that ``torch.func`` can differentiate them and ``vmap`` them over
+    particles; they keep the dtype and device of x and theta.
+
+    Args:
+        drift: ``drift(theta, x) -> mu``, x of shape (d,), mu of shape (d,).
+        diffusion: ``diffusion(theta, x) -> sigma``, a (d, m) matrix, or a (d,) vector for diagonal
+            noise (m = d).
+        cost: ``cost(theta, x) -> c``, a 0-d tensor (e.g. ``(x * x).sum()``).
+        noise_type: Keyword only. ``"additive"`` (sigma depends on neither x nor theta: the step skips
+            D sigma), ``"diagonal"`` ((d,) sigma), ``"general"`` ((d, m) sigma) or None (inferred from
+            sigma's shape). ``fwdtrain.init`` checks a declaration at x0.
+
+    Raises:
+        TypeError: A function that is not callable.
+        ValueError: An unknown ``noise_type``.
     """
 
     drift: Drift
@@ -86,7 +101,15 @@ class SDE:
         _check_declared(self.noise_type, type(self).__name__)
 
     def coefficients(self, theta: Theta, x: torch.Tensor) -> Coefficients:
-        """(mu, sigma, c) at (x, theta), one particle."""
+        """The coefficients at one particle.
+
+        Args:
+            theta: The parameters.
+            x: One particle, shape (d,).
+
+        Returns:
+            ``Coefficients(mu, sigma, cost)``: mu (d,), sigma (d, m) or (d,), cost 0-d.
+        """
         return Coefficients(self.drift(theta, x), self.diffusion(theta, x), self.cost(theta, x))
 
     def parts(self) -> tuple[tuple[str, Callable[[Theta, torch.Tensor], torch.Tensor]], ...]:
@@ -141,15 +164,27 @@ class SDE:
 
 @dataclass(frozen=True, init=False)
 class ControlledSDE(SDE):
-    """A controlled SDE: u = control(theta, x), mu = b(x, u), sigma = s(x, u), c = r(x, u).
+    """A controlled SDE: the parameters enter through a control u = f(theta, x),
 
-    ``ControlledSDE(control, drift, diffusion, cost)`` takes the control and the
-    (x, u) functions b, s, r. It *is* an SDE: its ``drift``, ``diffusion`` and
-    ``cost`` are the composed (theta, x) functions; the originals are kept as
-    ``controlled_drift``, ``controlled_diffusion`` and ``controlled_cost``.
-    ``coefficients`` evaluates the control once per point. The step differentiates
-    the control once and b, s, r in (x, u) (``fwdtrain.sensitivity``).
-    ``noise_type`` (keyword) as for ``SDE``; "additive" means s depends on neither x nor u.
+        dX = b(X, u) dt + s(X, u) dW,      running cost r(X, u),      u = f(theta, X).
+
+    It *is* an ``SDE``: its ``drift``, ``diffusion`` and ``cost`` are the composed functions of
+    (theta, x), so everything that takes an SDE takes it; the (x, u) functions are kept as
+    ``controlled_drift``, ``controlled_diffusion`` and ``controlled_cost``. ``coefficients`` evaluates the
+    control once per point. The step may take the structure-aware route: differentiate the control once,
+    D u = u_x Xtilde + u_theta, then D b = b_x Xtilde + b_u D u (and likewise s, r), where that costs fewer
+    flops than differentiating the composed functions (``plan_at``).
+
+    Args:
+        control: ``control(theta, x) -> u``, x of shape (d,), u of shape (k,) (e.g. ``ft.mlp(...).apply``).
+        drift: ``b(x, u) -> (d,)``.
+        diffusion: ``s(x, u) -> (d, m)`` or (d,) for diagonal noise.
+        cost: ``r(x, u) -> 0-d``.
+        noise_type: Keyword only, as for ``SDE``; ``"additive"`` means s depends on neither x nor u.
+
+    Raises:
+        TypeError: A function that is not callable.
+        ValueError: An unknown ``noise_type``.
     """
 
     control: Control = field(default=None)  # type: ignore[assignment]
@@ -244,12 +279,12 @@ def milstein_correction(
     forward = _compat.forward_mode_traceable()
     if sigma.ndim == 1:
         jacobian = (jacfwd if forward else jacrev)(lambda x_: diffusion(theta, x_))(x)
-        return sigma * jacobian.diagonal()
+        return sigma * _compat.in_dtype(jacobian.diagonal(), sigma.dtype)
     column = lambda x_: diffusion(theta, x_)[:, 0]
     if not forward:
         return jacrev(column)(x) @ sigma[:, 0]
     _, derivative = jvp(column, (x,), (sigma[:, 0],))  # type: ignore[misc]
-    return derivative
+    return _compat.in_dtype(derivative, sigma.dtype)
 
 
 def inferred_noise_type(sigma: torch.Tensor) -> NoiseType:

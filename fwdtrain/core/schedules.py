@@ -54,7 +54,17 @@ def _parameter(
 
 
 def constant(value: Parameter) -> Schedule:
-    """alpha(t) = value (>= 0)."""
+    """alpha(t) = value.
+
+    Args:
+        value: The learning rate, >= 0 (a number, or a 0-d floating tensor to differentiate through).
+
+    Returns:
+        The schedule ``t -> alpha(t)``, a tensor shaped like t.
+
+    Raises:
+        TypeError, ValueError: A value that is not a number or 0-d tensor, not finite, or negative.
+    """
     value = _parameter(value, "constant", "value")
 
     def schedule(t):
@@ -66,7 +76,15 @@ def constant(value: Parameter) -> Schedule:
 def inverse_time(scale: Parameter, offset: Parameter = 1.0) -> Schedule:
     """alpha(t) = scale / (offset + t): int alpha = inf, int alpha^2 < inf (the Robbins-Monro conditions).
 
-    scale >= 0; offset > 0 so that alpha(0) is finite.
+    Args:
+        scale: C >= 0 (a number or a 0-d floating tensor).
+        offset: C0 > 0, so that alpha(0) = C / C0 is finite (default 1).
+
+    Returns:
+        The schedule ``t -> alpha(t)``, a tensor shaped like t.
+
+    Raises:
+        TypeError, ValueError: A parameter that is not a number or 0-d tensor, not finite, or out of range.
     """
     scale = _parameter(scale, "inverse_time", "scale")
     offset = _parameter(offset, "inverse_time", "offset", strict=True)
@@ -80,8 +98,18 @@ def inverse_time(scale: Parameter, offset: Parameter = 1.0) -> Schedule:
 def piecewise_constant(values: Sequence[Parameter], boundaries: Sequence[Parameter]) -> Schedule:
     """alpha(t) = values[i] for boundaries[i-1] < t <= boundaries[i] (values[0] up to boundaries[0]).
 
-    Branch-free: alpha(t) = values[0] + sum_i (values[i+1] - values[i]) 1[t > boundaries[i]].
-    values >= 0 and finite; boundaries finite and strictly increasing.
+    Branch-free, so it works under ``vmap`` and in compiled kernels:
+    alpha(t) = values[0] + sum_i (values[i+1] - values[i]) 1[t > boundaries[i]].
+
+    Args:
+        values: K + 1 learning rates, finite and >= 0.
+        boundaries: K times, finite and strictly increasing.
+
+    Returns:
+        The schedule ``t -> alpha(t)``, a tensor shaped like t.
+
+    Raises:
+        TypeError, ValueError: Bad values or boundaries, or one more value than boundaries missing.
     """
     values = [_parameter(v, "piecewise_constant", f"values[{i}]") for i, v in enumerate(values)]
     boundaries = [
@@ -109,6 +137,16 @@ def piecewise_constant(values: Sequence[Parameter], boundaries: Sequence[Paramet
 
 
 def staged(scale: Parameter) -> Schedule:
-    """The seed's schedule: C up to t = 50, C/2 up to 100, C/5 up to 500, C/10 after."""
+    """The seed's schedule: C up to t = 50, C/2 up to 100, C/5 up to 500, C/10 after.
+
+    Args:
+        scale: C >= 0.
+
+    Returns:
+        The schedule ``t -> alpha(t)`` (a ``piecewise_constant`` one).
+    """
     scale = _parameter(scale, "staged", "scale")
     return piecewise_constant([scale, scale / 2, scale / 5, scale / 10], [50.0, 100.0, 500.0])
+
+
+__all__ = ["Parameter", "Schedule", "constant", "inverse_time", "piecewise_constant", "staged"]

@@ -152,7 +152,7 @@ def linearise_generic(
         return tuple(out[name] for name in names), out
 
     totals, value = jacfwd(along_sensitivity, has_aux=True)(theta)
-    return value, dict(zip(names, totals, strict=True))
+    return value, {name: compat.in_dtype(d, value[name].dtype) for name, d in zip(names, totals, strict=True)}
 
 
 def control_sensitivity(
@@ -182,7 +182,7 @@ def control_sensitivity(
         return u, u
 
     d_u, u = jacfwd(along_sensitivity, has_aux=True)(theta)
-    return u, d_u
+    return u, compat.in_dtype(d_u, u.dtype)
 
 
 def linearise_structured(

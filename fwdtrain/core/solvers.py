@@ -119,10 +119,19 @@ class Solver(abc.ABC):
 
 @dataclass(frozen=True, repr=False)
 class Euler(Solver):
-    """Euler-Maruyama: X' = X + mu h + sigma dW; Xtilde' = Xtilde + D mu h + sum_k D sigma_k dW^k.
+    """Euler-Maruyama, the default solver:
+
+        X' = X + mu h + sigma dW,      Xtilde' = Xtilde + D mu h + sum_k D sigma_k dW^k.
 
     Any noise (additive, diagonal, general). Strong order 1/2 (1 for additive noise), weak order 1.
     One linearisation per step.
+
+    Args:
+        mode: How the total derivatives are computed: ``"reverse"`` (one pullback per output number),
+            ``"forward"`` (one pass per parameter) or ``"auto"`` (the one with fewer passes).
+
+    Raises:
+        ValueError: An unknown ``mode``.
     """
 
     name: ClassVar[str] = "euler"
@@ -145,13 +154,19 @@ class Euler(Solver):
 
 @dataclass(frozen=True, repr=False)
 class Heun(Solver):
-    """Heun's predictor-corrector for sigma independent of x (it may depend on theta):
+    """Heun's predictor-corrector, for a diffusion independent of x (it may depend on theta):
 
         X* = X + mu(X) h + sigma dW,   X' = X + (mu(X) + mu(X*)) h / 2 + sigma dW
 
     with the exact sensitivity of this map (two linearisations: at X, and at X* along Xtilde*).
     Weak order 2 for such noise (the stationary law's bias is O(h^2) instead of Euler's O(h)).
-    A sigma that depends on x is refused: the scheme would converge to the Stratonovich solution.
+
+    Args:
+        mode: ``"auto"``, ``"reverse"`` or ``"forward"``, as for ``Euler``.
+
+    Raises:
+        ValueError: (when a run or step starts) a diffusion that depends on x: the scheme would converge
+            to the Stratonovich solution, not the Ito one.
     """
 
     name: ClassVar[str] = "heun"
@@ -195,13 +210,20 @@ class Heun(Solver):
 
 @dataclass(frozen=True, repr=False)
 class Milstein(Solver):
-    """Ito Milstein for diagonal noise (sigma (d,)) or a single noise (sigma (d, 1)):
+    """Ito-Milstein, for diagonal noise (sigma (d,)) or a single noise (sigma (d, 1)):
 
         X'_i = X_i + mu_i h + sigma_i dW_i + g_i (dW_i^2 - h) / 2,   g_i = sigma_i d sigma_i / d x_i
 
     (for m = 1, g = (d sigma / d x) sigma and dW the one increment), with its exact sensitivity,
-    which needs D g, a second derivative of sigma. Strong order 1. General noise with m > 1 is
-    refused: it needs Levy areas. For noise declared additive (``noise_type="additive"``, any m) it is Euler.
+    which needs D g, a second derivative of sigma. Strong order 1, weak order 1. For noise declared additive
+    (``noise_type="additive"``, any m) it is Euler. Its derivatives always take the generic route.
+
+    Args:
+        mode: ``"auto"``, ``"reverse"`` or ``"forward"``, as for ``Euler``.
+
+    Raises:
+        ValueError: (when a run or step starts) general noise with m > 1 (unless declared additive),
+            whose Milstein scheme needs Levy areas.
     """
 
     name: ClassVar[str] = "milstein"

@@ -14,16 +14,22 @@ from .sensitivity import Coefficients, Theta
 
 
 class State(NamedTuple):
-    """Everything the online algorithm carries from one step to the next.
+    """Everything the online algorithm carries from one step to the next: (X, Xtilde, theta, t).
 
-    x:       (N, d) particles.
-    x_tilde: pytree like theta; leaf of shape s -> (N, d, *s), the sensitivity dX/dtheta.
-    theta:   the shared parameters (a pytree of tensors).
-    t:       0-d tensor, the current time; float64 whatever the dtype of x (a float32 clock
-             drifts by ~1e-3 after 10^4 steps and stops at t = 2^18 steps of 0.01).
-    opt_state: the update rule's state, ``optimizer.init(theta)`` (``fwdtrain.optim``); ``()`` for
-             the plain update theta <- theta - alpha h G (``euler.descend``), the default.
-    average: ``fwdtrain.optim.Average``, the Polyak-Ruppert mean of theta over t_n >= t0; ``()``: none.
+    An immutable ``NamedTuple`` and a pytree: ``step`` returns a new one, ``vmap`` batches it (an ensemble
+    adds a leading member axis E to every leaf), checkpoints save it. Make it with ``fwdtrain.init``.
+    ``repr`` is a summary (shapes, dtype, t, a few numbers).
+
+    Attributes:
+        x: The particles X^i, shape (N, d).
+        x_tilde: The sensitivity Xtilde^i = dX^i/dtheta: a pytree like theta, a leaf of shape s becoming
+            (N, d, *s).
+        theta: The parameters, shared by the particles (a pytree of tensors, e.g. a dict).
+        t: The clock t_n, a 0-d float64 tensor whatever the dtype of x (a float32 clock drifts by ~1e-3
+            after 10^4 steps and stops at t = 2^18 steps of 0.01).
+        opt_state: The update rule's state ``optimizer.init(theta)`` (``fwdtrain.optim``); ``()`` for the
+            plain update theta <- theta - alpha h G, the default.
+        average: A ``fwdtrain.optim.Average``, the Polyak-Ruppert mean of theta over t_n >= t0; ``()``: none.
 
     "Absent" is ``()``, not None: an empty node in every pytree library, so ``torch.func.vmap``
     (which refuses None outputs) and ``tree_map`` see a State with or without an optimiser alike.
@@ -43,6 +49,7 @@ class State(NamedTuple):
 
     @property
     def dim(self) -> int:
+        """d, the state dimension (``x.shape[-1]``)."""
         return self.x.shape[-1]
 
     def __repr__(self) -> str:
@@ -206,17 +213,30 @@ def init(
     """The state at t = 0: x = x0 for every particle, x_tilde = 0.
 
     The SDE's functions are evaluated once at x0: their shapes, dtypes and devices are checked, each
-    must be finite there (a ``ValueError`` names the one that is not), and a declared noise type is
-    verified (``check_noise_type``).
+    must be finite there, and a declared noise type is verified (one Jacobian for ``"additive"``).
+    theta is copied (``clone``, not ``detach``), so later changes to it by the caller cannot leak into
+    the state while the user's own ``torch.func`` transforms see through ``init``:
+    ``jacfwd(lambda th: step(sde, init(sde, th, x0), ...).x)`` is dX/dtheta0.
 
-    x0 is (d,) (copied to every particle; ``particles`` defaults to 1) or (N, d)
-    (one row per particle). theta is copied (``clone``, not ``detach``) so later
-    changes to it by the caller cannot leak into the state, while the user's own
-    ``torch.func`` transforms see through ``init``: ``jacfwd(lambda th: step(..., init(sde, th, x0), ...).x)``
-    is dX/dtheta0. theta and x0 must be float32 or float64; bfloat16/float16 need
-    ``allow_low_precision=True`` (their rounding can swallow the update alpha h G).
-    ``optimizer`` (a ``fwdtrain.optim`` rule) sets ``opt_state = optimizer.init(theta)``; step the state
-    with the same rule. ``average_from=t0`` starts a Polyak-Ruppert average of theta over t_n >= t0.
+    Args:
+        sde: The problem (``SDE`` or ``ControlledSDE``).
+        theta: The initial parameters, a pytree of float32 or float64 tensors.
+        x0: The initial point, (d,) (copied to every particle) or (N, d) (one row per particle).
+        particles: N, for a (d,) x0 (default 1); for an (N, d) x0 it must equal N if given.
+        optimizer: Keyword only. A ``fwdtrain.optim`` rule: sets ``opt_state = optimizer.init(theta)``;
+            step the state with the same rule.
+        average_from: Keyword only. t0: start a Polyak-Ruppert average of theta over t_n >= t0.
+        allow_low_precision: Keyword only. Accept bfloat16/float16 (their rounding can swallow the
+            update alpha h G).
+
+    Returns:
+        The ``State`` at t = 0: x (N, d), x_tilde zeros (N, d, *s) per leaf, t a 0-d float64 zero.
+
+    Raises:
+        TypeError: ``sde`` is not an SDE; a function returns another dtype or a non-tensor; theta is not
+            floating.
+        ValueError: Bad shapes (x0, particles, the drift's, diffusion's or cost's), a function that raises
+            or is not finite at x0 (named), or a declared noise type that does not hold.
     """
     if not isinstance(sde, SDE):
         raise TypeError(f"init(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")

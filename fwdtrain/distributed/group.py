@@ -52,6 +52,7 @@ class GroupError(RuntimeError):
 
 
 def is_initialized() -> bool:
+    """Whether this process is in a torch.distributed process group."""
     return dist.is_available() and dist.is_initialized()
 
 

@@ -34,7 +34,14 @@ VERSION = 1
 
 
 class Checkpoint(NamedTuple):
-    """What ``load`` returns: continue with ``run(sde, ck.state, steps, dt, lr, history=ck.history)``."""
+    """What ``load`` returns; a start for ``fwdtrain.run``: ``run(problem, checkpoint, steps, dt, lr)`` continues
+    the saved run (same step count, running cost and noise stream).
+
+    Attributes:
+        state: The saved ``State`` (with its update rule's state and average).
+        history: The saved ``History`` (with the noise position), or None when saved without one.
+        metadata: The saved metadata dict.
+    """
 
     state: State
     history: History | None
@@ -106,10 +113,22 @@ def _digest(value: Any) -> str:
 def save(
     path: str | os.PathLike, state: State, history: History | None = None, *, metadata: dict | None = None
 ) -> None:
-    """Write ``state``, ``history`` (its records and noise position) and ``metadata`` to ``path``, atomically.
+    """Write a run to ``path``, atomically: a temporary file in the same folder, fsync, then a rename.
 
-    Temporary files that an earlier save to the same ``path`` left behind (a process killed
-    while writing) are removed once this save has succeeded.
+    A crash while saving leaves the previous file intact; temporary files that an earlier save to the same
+    ``path`` left behind (a process killed while writing) are removed once this save has succeeded. The
+    contents carry a SHA-256 digest that ``load`` verifies.
+
+    Args:
+        path: The file to write.
+        state: The ``State`` (its opt_state and average included).
+        history: The ``History`` (its records and noise position), or None.
+        metadata: Keyword only. A dict with str keys of plain values: tensors, numbers, strings, None and
+            (nested) dicts, lists and tuples of them.
+
+    Raises:
+        TypeError: A state, history or metadata of the wrong type, or a value a checkpoint cannot hold.
+        OSError: The file could not be written.
     """
     if not isinstance(state, State):
         raise TypeError(f"save(path, state, ...) expects a fwdtrain.State, got {type(state).__name__}")
@@ -373,13 +392,22 @@ def _read(path: str, map_location: Any) -> Any:
 
 
 def load(path: str | os.PathLike, *, map_location: Any = None) -> Checkpoint:
-    """Read a checkpoint written by ``save``; raise ``CheckpointError`` for anything else.
+    """Read a checkpoint written by ``save``.
 
-    Uses ``torch.load(weights_only=True)``: only tensors and plain containers are
-    unpickled, never arbitrary objects. The contents must match their digest and have
-    the structure ``save`` writes (consistent State shapes, History records, a metadata
-    dict), so a damaged, foreign or hand-edited file is refused with ``CheckpointError``
-    and never raises anything else.
+    Uses ``torch.load(weights_only=True)``: only tensors and plain containers are unpickled, never
+    arbitrary objects. The contents must match their digest and have the structure ``save`` writes
+    (consistent State shapes, History records, a metadata dict).
+
+    Args:
+        path: The checkpoint file.
+        map_location: Keyword only. As for ``torch.load`` (e.g. ``"cpu"``).
+
+    Returns:
+        ``Checkpoint(state, history, metadata)``, a start for ``fwdtrain.run``.
+
+    Raises:
+        CheckpointError: No file there, or a file that is not a fwdtrain checkpoint, of another version,
+            truncated, corrupt or hand-edited; nothing else is raised for a bad file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -418,11 +446,18 @@ def _equal(value: Any, expected: str | int) -> bool:
 def check_compatible(
     checkpoint: Checkpoint | State, theta: Theta, *, x0: torch.Tensor | None = None, name: str = "the problem"
 ) -> None:
-    """Raise ``CheckpointError`` unless the checkpoint's theta has the structure, shapes and dtype of ``theta``.
+    """Check that a checkpoint fits a problem before resuming it, so that one of another SDE is refused by name.
 
-    ``theta`` is the problem's parameter pytree (e.g. ``model.theta``); with ``x0`` the
-    state dimension d and dtype of the particles are checked too. Call it before resuming
-    a checkpoint with a problem, so a checkpoint of another SDE is refused by name.
+    Args:
+        checkpoint: A ``Checkpoint`` from ``load``, or a ``State``.
+        theta: The problem's parameter pytree (e.g. ``model.theta``).
+        x0: Keyword only. The problem's x0: the state dimension d and the particles' dtype are checked too.
+        name: Keyword only. How the messages call the problem.
+
+    Raises:
+        CheckpointError: The checkpoint's theta lacks or adds a leaf, or has another structure, shape or
+            dtype; or its particles have another dimension or dtype than ``x0``.
+        TypeError: ``checkpoint`` is neither a Checkpoint nor a State.
     """
     state = checkpoint.state if isinstance(checkpoint, Checkpoint) else checkpoint
     if not isinstance(state, State):

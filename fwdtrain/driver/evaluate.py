@@ -29,7 +29,12 @@ from ..core.state import evaluate_once
 
 
 class CostEstimate(NamedTuple):
-    """Time-and-particle average of c after burn-in, with its standard error over particles."""
+    """What ``stationary_cost`` returns.
+
+    Attributes:
+        mean: The time-and-particle average of c after burn-in.
+        stderr: Its standard error over particles (the particles are independent; time averages are not).
+    """
 
     mean: float
     stderr: float
@@ -101,9 +106,21 @@ def stationary_cost(
 ) -> CostEstimate:
     """J(theta) ~ (1 / (N (steps - burn_in))) sum_i sum_{n >= burn_in} c(X_n^i, theta), theta frozen.
 
-    Simulates X alone (no sensitivity) with ``solver`` (default ``Euler()``) and step ``dt`` from x0 (d,) for
-    ``particles`` particles, noise from a generator seeded with ``seed``. ``compile`` as for ``run``: "auto"
-    compiles the loop when the evaluation is long enough to repay it (timed on its first steps).
+    Simulates X alone (no sensitivity) with theta frozen and returns Python floats: for reports and
+    references. Inside a transform use ``fwdtrain.core.evaluate.average_cost``, which is differentiable.
+
+    Args:
+        sde: The problem (``SDE`` or ``ControlledSDE``).
+        theta: The parameters, frozen.
+        x0: The initial point of every particle, shape (d,).
+        particles: N (default 1000).
+        dt: The step h (default 0.01).
+        steps: Steps in all (default 20,000).
+        burn_in: Steps left out of the average at the start (default 2,000).
+        seed: Seed of the evaluation's own noise generator.
+        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
+        compile: As for ``run``: ``"auto"`` compiles the loop when the evaluation is long enough to repay
+            it (timed on its first steps).
 
     Returns:
         ``CostEstimate(mean, stderr)``, the standard error over particles.
@@ -127,13 +144,11 @@ def stationary_cost(
     x = x0.expand(particles, -1).clone()
     total = torch.zeros(particles, dtype=torch.float64, device=device)
 
-    def step(
-        carry: tuple[torch.Tensor, torch.Tensor], inputs: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x_n, total_n = carry
+    def step(carry: tuple[torch.Tensor, torch.Tensor, Theta], inputs: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        x_n, total_n, theta_ = carry  # theta is carried (unchanged), not closed over: one kernel for every theta
         dw, counted = inputs
-        x_next, cost = frozen_step(sde, theta, x_n, dw, dt, scheme)
-        return x_next, torch.where(counted, total_n + cost.double(), total_n)
+        x_next, cost = frozen_step(sde, theta_, x_n, dw, dt, scheme)
+        return x_next, torch.where(counted, total_n + cost.double(), total_n), theta_
 
     length = min(options.chunk, steps)
     chooser = _Chooser(options, steps)
@@ -146,14 +161,14 @@ def stationary_cost(
             i = 0
             while i < count and not chooser.decided:  # eager steps, timed, until compiling is decided
                 clock = time.perf_counter()
-                x, total = step((x, total), (block[i], counted[i]))
+                x, total, _ = step((x, total, theta), (block[i], counted[i]))
                 if n + i == 0:
                     _refuse_transformed(x)  # the SDE closes over a tensor of an enclosing transform
                 chooser.timed(
                     time.perf_counter() - clock,
                     lambda: loop_kernel(
                         step,
-                        (x, total),
+                        (x, total, theta),
                         (block, counted),
                         key=(sde, float(dt), scheme, "frozen"),
                         options=options._replace(enabled=True),
@@ -163,10 +178,10 @@ def stationary_cost(
                 )
                 i += 1
             if i < count and chooser.kernel is not None:
-                x, total = chooser.kernel(count - i, i, (block, counted), (x, total))
+                x, total, _ = chooser.kernel(count - i, i, (block, counted), (x, total, theta))
             else:
                 for k in range(i, count):
-                    x, total = step((x, total), (block[k], counted[k]))
+                    x, total, _ = step((x, total, theta), (block[k], counted[k]))
             n += count
     total = total / (steps - burn_in)
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())

@@ -93,7 +93,15 @@ class Hook:
 
 
 class Callback(Hook):
-    """``fn(n, state)`` every ``every`` steps (the state a check has passed)."""
+    """Call ``fn(n, state)`` every ``every`` steps, with a state that has passed a divergence check.
+
+    Args:
+        fn: ``fn(n, state)``: n the step count since the start of training; its return value is ignored.
+        every: Steps between calls (default 100).
+
+    Raises:
+        TypeError, ValueError: ``fn`` not callable, or ``every`` not a positive integer.
+    """
 
     def __init__(self, fn: Callable[[int, State], Any], every: int = 100) -> None:
         if not callable(fn):
@@ -108,8 +116,17 @@ class Callback(Hook):
 
 
 class GradientHook(Hook):
-    """``fn(gradient) -> gradient`` between the two halves of every step (e.g. an all-reduce across processes);
-    with a compiled run the halves are compiled and ``fn`` runs eagerly between them."""
+    """Map the gradient estimate between the two halves of every step: the update uses ``fn(G_n)``.
+
+    E.g. an all-reduce across processes. In a compiled run the two halves are compiled and ``fn`` runs
+    eagerly between them.
+
+    Args:
+        fn: ``fn(gradient) -> gradient``, pytrees like theta.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
 
     reduces_gradient = True
 
@@ -134,8 +151,15 @@ def progress_enabled(enabled: bool | None, stream: Any = None) -> bool:
 
 
 class Progress(Hook):
-    """A progress bar on stderr every ``every`` steps: steps done and the running cost (tqdm when installed,
-    else a carriage-return line). ``enabled=None``: only when stderr is a terminal."""
+    """A progress bar on stderr: steps done and the running cost (tqdm when installed, else one line).
+
+    Args:
+        every: Steps between updates of the bar (default 256).
+        enabled: True (default): always shown; False: never; None: only when stderr is a terminal.
+
+    Raises:
+        ValueError: ``every`` is not a positive integer.
+    """
 
     def __init__(self, every: int = 256, enabled: bool | None = True) -> None:
         self.every = _checks.check_count(every, "Progress(every=...)")
@@ -214,10 +238,23 @@ Saver = Callable[..., None]  # save(path, state, history, metadata=...)
 
 
 class Checkpointing(Hook):
-    """Save the run to ``path`` (``fwdtrain.save``) at the end, on Ctrl-C and every ``every`` steps (None: only at
-    the end and on Ctrl-C), with ``metadata`` (a dict of plain values). The folder is probed before the first
-    step (``CheckpointError``); a save that fails raises ``CheckpointWriteError`` with the state and history
-    reached. ``save``: the writer (``fwdtrain.distributed.save_group`` writes every rank's particles)."""
+    """Save the run to a checkpoint (``fwdtrain.save``) at the end, on Ctrl-C and every ``every`` steps.
+
+    The folder is probed before the first step (a file is created and removed there). A saved state has passed
+    a divergence check; ``fwdtrain.load(path)`` is a start for ``fwdtrain.run`` that continues the run.
+
+    Args:
+        path: The checkpoint file.
+        every: Steps between saves; None (default): only at the end and on Ctrl-C.
+        metadata: A dict of plain values (numbers, strings, lists, dicts, tensors) saved with the run.
+        save: Keyword only. The writer, ``save(path, state, history, metadata=...)`` (default
+            ``fwdtrain.save``; ``fwdtrain.distributed.save_group`` writes every rank's particles).
+
+    Raises:
+        TypeError, ValueError: A path that is not a path, metadata that is not a dict, a bad ``every``.
+        CheckpointError: (when the run starts) the folder is missing or not writable.
+        CheckpointWriteError: (during the run) a save failed; it carries the state and history reached.
+    """
 
     needs_record = True
 

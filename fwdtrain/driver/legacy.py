@@ -10,7 +10,7 @@ checkpoint=path | Checkpointing hooks=(Checkpointing(path, every, metadata),)
 reduce=f                        hooks=(GradientHook(f),)
 mode=m                          solver=Euler(mode=m)
 chunk=c                         compile=Compile(chunk=c)
-fuse=K                          compile=True (every run of steps between two events is one compiled call)
+fuse=K                          compile=Compile(True, unroll=K) (K steps per iteration of the compiled loop)
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def translate(args: tuple, kwargs: dict[str, Any], old: dict[str, Any]) -> tuple
         said.append("mode=m -> solver=Euler(mode=m)")
     if "chunk" in old or "fuse" in old:
         options = as_compile(kwargs.get("compile", "auto"))
-        if old.pop("fuse", 1) > 1:
-            options = options._replace(enabled=True)
+        fuse = old.pop("fuse", 1)
+        if fuse > 1:
+            options = options._replace(enabled=True, unroll=fuse)
         kwargs["compile"] = options._replace(chunk=old.pop("chunk", options.chunk))
-        said.append("chunk=, fuse= -> compile=Compile(chunk=) (fusing is automatic)")
+        said.append("chunk=, fuse=K -> compile=Compile(chunk=, unroll=K)")
     return tuple(positional), kwargs, said
 
 

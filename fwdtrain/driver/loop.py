@@ -50,7 +50,7 @@ def check_learning_rate(schedule: Schedule, t: torch.Tensor, lr: Any) -> None:
 
 def continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
     """(start step, float64 cost total, record window) of a run continued from ``history`` (zeros for a new run)."""
-    zero = torch.zeros((), dtype=torch.float64, device=state.x.device)
+    zero = torch.zeros(state.t.shape, dtype=torch.float64, device=state.x.device)  # (E,) with members
     if history is None or not len(history.step):
         return 0, zero, (0, zero)
     if history.carry is None or history.average_cost is None:

@@ -107,8 +107,18 @@ def setup(
     compile: Any = "auto",
     hooks: Any = (),
 ) -> Loop:
-    """Validate everything once and build the ``Loop`` of ``run`` (same arguments), positioned at the start's
-    step (0 for a new run) and ending ``steps`` later; the hooks' ``start`` has run. Nothing is stepped."""
+    """Validate everything once and build the ``Loop`` of ``run``; nothing is stepped.
+
+    Takes the arguments of ``fwdtrain.run``. ``loop.advance_to(n)`` steps the loop to step n (it can be called
+    again), ``execute(loop)`` finishes it as ``run`` does.
+
+    Returns:
+        The ``Loop``, positioned at the start's step (0 for a new run) and ending ``steps`` later; the hooks'
+        ``start`` has run.
+
+    Raises:
+        TypeError, ValueError, CheckpointError: As ``fwdtrain.run``, before any step.
+    """
     steps = _checks.check_count(steps, "steps", minimum=0)
     save, checks, options, hooks = check_save(save), check_checks(checks), as_compile(compile), check_hooks(hooks)
     state, history = split_start(start)
@@ -173,6 +183,12 @@ def run(
 ) -> Run:
     """Train ``problem`` online for ``steps`` steps of size ``dt`` from ``start``: X, Xtilde and theta together.
 
+    The loop draws the noise, takes the steps (eagerly, or in compiled runs of steps between events), records
+    the history, checks for divergence and calls the hooks. A pure function of its inputs: the same problem,
+    start, noise and options give bitwise the same result whatever the noise chunk size, and a continued run
+    equals the uninterrupted one. On KeyboardInterrupt the last completed step is returned with
+    ``history.interrupted`` True (and written by a ``Checkpointing`` hook).
+
     Args:
         problem: What to train: an ``SDE`` / ``ControlledSDE`` (on its running cost), a
             ``calibration.Calibration``, an ``sgdct.DriftEstimation``, an ``ensemble.Ensemble`` of any of
@@ -209,9 +225,6 @@ def run(
             the last state that passed a check and its history, and names the step and, when a replay finds
             it, the function that first returned NaN or inf.
         CheckpointWriteError: Training finished but a checkpoint could not be written; it carries the results.
-
-    On KeyboardInterrupt the last completed step is returned with ``history.interrupted`` True (and written
-    by a ``Checkpointing`` hook).
     """
     return execute(
         setup(
@@ -232,8 +245,17 @@ def run(
 
 
 def execute(loop: Loop) -> Run:
-    """Step ``loop`` to its end, then the hooks' ``end``: the ``Run`` (on Ctrl-C, the last whole step's, with
-    ``history.interrupted`` True)."""
+    """Step ``loop`` to its end, then call the hooks' ``end``.
+
+    Args:
+        loop: A ``Loop`` from ``setup`` (possibly advanced already).
+
+    Returns:
+        The ``Run(state, history)``; on Ctrl-C the last whole step's, with ``history.interrupted`` True.
+
+    Raises:
+        DivergenceError, CheckpointWriteError: As ``fwdtrain.run``.
+    """
     interrupted = False
     try:
         loop.advance_to(loop.end)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..compile import policy
@@ -75,20 +76,33 @@ class Eager:
         return carry
 
 
-def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
-    """alpha(t_k) for the steps start .. start + count - 1 of a block of ``length`` (zeros elsewhere), with
-    t_k = t + dt + ... + dt accumulated as the step accumulates it (float64 sums, the same in Python as in the
-    tensor arithmetic of the step): (length, *t.shape)."""
-    rows = [t.double().reshape(-1).tolist()]
+def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
+    """t_k = t + dt + ... + dt for k < count, rounded as the step's own ``t + dt`` rounds in t's dtype (numpy
+    scalars of that dtype add alike): (count, *t.shape)."""
+    kind = {torch.float64: np.float64, torch.float32: np.float32}.get(t.dtype)
+    if kind is None:  # another dtype: the tensor arithmetic itself
+        rows = [t]
+        for _ in range(count - 1):
+            rows.append(rows[-1] + dt)
+        return torch.stack(rows)
+    clock, step = t.detach().cpu().numpy().astype(kind).reshape(-1), kind(dt)
+    values = [clock]
     for _ in range(count - 1):
-        rows.append([value + dt for value in rows[-1]])
-    times = torch.tensor(rows, dtype=torch.float64, device=t.device).reshape((count, *t.shape))
+        clock = clock + step
+        values.append(clock)
+    return torch.from_numpy(np.stack(values)).to(t.device).reshape((count, *t.shape))
+
+
+def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
+    """alpha(t_k) for the steps start .. start + count - 1 of a block of ``length`` (zeros elsewhere), t_k as the
+    step accumulates it (``clocks``), in the dtype the schedule gives at t: (length, *t.shape)."""
+    times = clocks(t, dt, count)
     try:
         alphas = torch.as_tensor(schedule(times))
         alphas = alphas.broadcast_to(times.shape) if alphas.shape != times.shape else alphas
     except (RuntimeError, TypeError, ValueError):  # a schedule that takes one clock at a time
         alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
-    out = torch.zeros((length, *t.shape), dtype=alphas.dtype, device=t.device)
+    out = torch.zeros((length, *t.shape), dtype=torch.as_tensor(schedule(t)).dtype, device=t.device)
     out[start : start + count] = alphas
     return out
 

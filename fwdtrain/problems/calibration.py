@@ -48,8 +48,18 @@ Observables = Callable[[Theta, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class Calibration(Trainable):
-    """What to calibrate: the SDE (its ``cost`` is not used), observables phi(theta, x) -> (k,), targets m (k,),
-    weights w (k,), the solver (default ``Euler()``) and the update rule (None: plain sgd)."""
+    """A calibration problem for ``fwdtrain.run``: J(theta) = sum_j w_j (E_theta[phi_j(X)] - m_j)^2.
+
+    Build it with ``calibration(...)``, make its state with ``calibration.init``.
+
+    Attributes:
+        sde: The SDE whose stationary law is fitted (its ``cost`` is not used).
+        observables: phi(theta, x) -> (k,), of one particle x (d,).
+        targets: m, shape (k,).
+        weights: w >= 0, shape (k,).
+        solver: The scheme (default ``Euler()``).
+        optimizer: The update rule (a ``fwdtrain.optim`` transformation; None: plain sgd).
+    """
 
     sde: SDE
     observables: Observables
@@ -122,11 +132,23 @@ def calibration(
     solver: Solver | str | None = None,
     optimizer: GradientTransformation | None = None,
 ) -> Calibration:
-    """Build a ``Calibration`` from drift(theta, x), diffusion(theta, x), phi(theta, x) and targets (k,).
+    """Build a ``Calibration``: fit theta so that stationary expectations of phi hit the targets.
 
-    weights default to ones; ``solver`` the scheme (default ``Euler()``); ``optimizer`` the update rule (a
-    ``fwdtrain.optim`` transformation; None: plain sgd). targets and weights are cast to the parameters'
-    dtype when used.
+    Args:
+        drift: ``drift(theta, x) -> (d,)``, as for ``fwdtrain.SDE``.
+        diffusion: ``diffusion(theta, x) -> (d, m)`` or (d,).
+        observables: ``phi(theta, x) -> (k,)``, of one particle.
+        targets: m, k numbers (cast to the parameters' dtype when used).
+        weights: w >= 0, k numbers (default ones).
+        solver: Keyword only. The scheme (default ``Euler()``).
+        optimizer: Keyword only. The update rule (a ``fwdtrain.optim`` transformation; None: plain sgd).
+
+    Returns:
+        The ``Calibration``.
+
+    Raises:
+        TypeError: Observables that are not callable, or an optimizer that is not a transformation.
+        ValueError: Targets that are not a non-empty 1-d tensor, or weights of another shape or negative.
     """
     if not callable(observables):
         raise TypeError(f"observables must be a function (theta, x) -> (k,) tensor, got {type(observables).__name__}")
@@ -156,10 +178,22 @@ def init(
     average_from: Any = None,
     allow_low_precision: bool = False,
 ) -> State:
-    """``fwdtrain.init`` for a calibration: N must be even (two independent halves); phi is checked to be (k,).
+    """``fwdtrain.init`` for a calibration: the state at t = 0, with an even number of particles.
 
-    The opt_state is that of ``problem.optimizer`` (``calibration(..., optimizer=...)`` or
-    ``problem.with_optimizer(rule)``); ``average_from=t0`` starts a Polyak-Ruppert average."""
+    Args:
+        problem: The ``Calibration``.
+        theta: The initial parameters.
+        x0: (d,) or (N, d), as for ``fwdtrain.init``.
+        particles: N, even (two independent halves).
+        average_from: Keyword only. t0: start a Polyak-Ruppert average of theta over t_n >= t0.
+        allow_low_precision: Keyword only. As for ``fwdtrain.init``.
+
+    Returns:
+        The ``State``; its opt_state is that of ``problem.optimizer``.
+
+    Raises:
+        TypeError, ValueError: As ``fwdtrain.init``; an odd N; observables that do not return (k,).
+    """
     if not isinstance(problem, Calibration):
         raise TypeError(f"init(problem, ...) expects a fwdtrain.calibration.Calibration, got {type(problem).__name__}")
     state = init_state(
@@ -257,7 +291,7 @@ def check_inputs(problem: Calibration, state: State, dw: torch.Tensor, dt: Any, 
 def step_with_info(
     problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto"
 ) -> tuple[State, CalibrationInfo]:
-    """One pure calibration step and its ``CalibrationInfo`` at time n."""
+    """``step``, also returning the step's ``CalibrationInfo`` (moments, objective estimate, gradient) at time n."""
     check_inputs(problem, state, dw, dt, lr)
     check_solver(problem.solver, problem.sde, state.theta, state.x[0])
     alpha = learning_rate(lr, state.t)
@@ -268,7 +302,22 @@ def step_with_info(
 def step(
     problem: Calibration, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate, *, mode: Mode = "auto"
 ) -> State:
-    """One pure calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring)."""
+    """One pure calibration step: (X, Xtilde, theta, t) at n -> n + 1 (see the module docstring).
+
+    Args:
+        problem: The ``Calibration``.
+        state: The current ``State`` (N even).
+        dw: Brownian increments, shape (N, m).
+        dt: The step h > 0.
+        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
+        mode: Keyword only. ``"auto"``, ``"reverse"`` or ``"forward"``.
+
+    Returns:
+        The new ``State``.
+
+    Raises:
+        TypeError, ValueError: Inputs the step cannot use, as for ``fwdtrain.step``, or an odd N.
+    """
     return step_with_info(problem, state, dw, dt, lr, mode=mode)[0]
 
 

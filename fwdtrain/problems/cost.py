@@ -177,7 +177,26 @@ def step_with_info(
     mode: Mode = "auto",
     compile: bool = False,
 ) -> tuple[State, StepInfo]:
-    """``step`` that also returns ``StepInfo(cost, gradient)``: the particle-mean cost and G_n at time n."""
+    """``step``, also returning the step's diagnostics at time n.
+
+    Args:
+        sde: The problem; the other arguments are those of ``fwdtrain.step``.
+        state: The current ``State``.
+        dw: Brownian increments, shape (N, m).
+        dt: The step h > 0.
+        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
+        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
+        optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
+        mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
+        compile: Take the step through a compiled kernel.
+
+    Returns:
+        ``(new_state, StepInfo(cost, gradient))``: cost = (1/N) sum_i c(X_n^i, theta_n), 0-d, and
+        gradient = G_n = (1/N) sum_i D c(X_n^i), a pytree like theta, the estimate the update used.
+
+    Raises:
+        TypeError, ValueError: As ``fwdtrain.step``.
+    """
     problem = CostForm(sde, as_solver(solver), optimizer)
     check_step_inputs(sde, state, dw, dt, lr, optimizer)
     check_fit(sde, state)
@@ -216,6 +235,14 @@ def step(
 ) -> State:
     """One pure step of the forward-propagation algorithm: (X, Xtilde, theta, t) at n -> n + 1.
 
+        X_{n+1}, Xtilde_{n+1} = the solver's step and its exact sensitivity
+        theta_{n+1}           = theta_n - alpha(t_n) h G_n,   G_n = (1/N) sum_i (c_x Xtilde_n^i + c_theta)
+        t_{n+1}               = t_n + h
+
+    every right-hand side at time n (with an update rule: theta_{n+1} = theta_n + s_n of the rule).
+    ``step`` is pure and composes with ``torch.func`` (grad, jacrev, jacfwd, vjp, jvp, vmap) in all its
+    tensor inputs. Structure checks always run; value checks only on concrete tensors.
+
     Args:
         sde: The problem (``SDE`` or ``ControlledSDE``).
         state: The current ``State``; never modified.
@@ -238,9 +265,6 @@ def step(
         TypeError, ValueError: For inputs the step cannot use (shapes, dtypes, a state of another SDE or
             rule, non-finite or negative learning rates, a noise the solver does not take), before any
             computation.
-
-    ``step`` is pure and composes with ``torch.func`` (grad, jacrev, jacfwd, vjp, jvp, vmap) in all its
-    tensor inputs. Structure checks always run; value checks only on concrete tensors.
     """
     return step_with_info(sde, state, dw, dt, lr, solver=solver, optimizer=optimizer, mode=mode, compile=compile)[0]
 

@@ -88,10 +88,22 @@ def init(
 ) -> State:
     """The ensemble's state at t = 0: ``fwdtrain.init`` per member, stacked on a leading axis E.
 
-    ``stacked=False``: theta and x0 are shared, copied ``members`` = E times. ``stacked=True``: theta's
-    leaves carry a leading member axis E (theta0_e per member) and x0 is (E, d) per member or a
-    shared (d,); ``members``, if given, must equal E. ``options`` go to ``fwdtrain.init`` per member
-    (``optimizer=``, ``average_from=``, ``allow_low_precision=``).
+    Args:
+        sde: The problem of every member.
+        theta: Shared parameters (copied E times), or with ``stacked=True`` leaves with a leading member
+            axis E (theta0_e per member).
+        x0: (d,) shared; with ``stacked=True`` also (E, d), one per member.
+        particles: N per member.
+        members: Keyword only. E; required unless ``stacked=True`` (then, if given, it must equal E).
+        stacked: Keyword only. Whether theta (and possibly x0) carry the member axis.
+        **options: ``fwdtrain.init``'s keywords, per member: ``optimizer=``, ``average_from=``,
+            ``allow_low_precision=``.
+
+    Returns:
+        The ensemble's ``State``: every leaf with a leading axis E, t of shape (E,).
+
+    Raises:
+        ValueError: No ``members`` for shared theta, sizes that disagree, or what ``fwdtrain.init`` raises.
     """
     if not stacked:
         if members is None:
@@ -112,7 +124,16 @@ def init(
 
 
 def member_history(history: History, index: int) -> History:
-    """Member ``index``'s own History (what a single run records; it continues with ``fwdtrain.run``)."""
+    """Member ``index``'s own History: what its run alone would have recorded.
+
+    Args:
+        history: An ensemble's ``History`` (per-record fields (R, E)).
+        index: The member e.
+
+    Returns:
+        A single run's ``History`` (per-record fields (R,)); with ``member(state, e)`` it continues with
+        ``fwdtrain.run``.
+    """
     per_record = {name: getattr(history, name)[:, index] for name in FIELDS[1:] if getattr(history, name) is not None}
     carry = history.carry
     if carry is not None:
@@ -143,7 +164,7 @@ def member_history(history: History, index: int) -> History:
 
 
 class PerMember(NamedTuple):
-    """A schedule with per-member parameters: alpha_e(t_e) = factory(**{k: params[k][e]})(t_e).
+    """A schedule with per-member parameters: ``alpha_e(t_e) = factory(**{k: params[k][e]})(t_e)``.
 
     ``PerMember(schedules.inverse_time, {"scale": torch.tensor([1., 5., 10.]), "offset": torch.full((3,), 20.)})``.
     Called on the members' clocks t (E,) it returns alpha (E,) (``vmap`` over the members).

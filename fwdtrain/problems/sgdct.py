@@ -51,12 +51,19 @@ class SGDCTInfo(NamedTuple):
 
 
 def init(theta: Theta, *, allow_low_precision: bool = False) -> SGDCTState:
-    """The estimator at t = 0 with a copy (``clone``: transparent to ``torch.func`` transforms) of theta.
+    """The estimator at t = 0.
 
-    theta must be float32 or float64 unless ``allow_low_precision=True``.
+    Args:
+        theta: The initial drift parameters, float32 or float64 (copied with ``clone``: transparent to
+            ``torch.func`` transforms).
+        allow_low_precision: Keyword only. Accept bfloat16/float16.
+
+    Returns:
+        ``SGDCTState(theta, t=0)`` with a float64 clock (no drift over long runs); ``as_state`` makes it
+        a start for ``fwdtrain.run``.
     """
-    dtype, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
-    return SGDCTState(tree_map(torch.clone, theta), torch.zeros((), dtype=dtype, device=device))
+    _, device = _checks.check_theta(theta, allow_low_precision=allow_low_precision)
+    return SGDCTState(tree_map(torch.clone, theta), torch.zeros((), dtype=torch.float64, device=device))
 
 
 def _weighted_residual(sigma: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -92,7 +99,7 @@ def advance(
     Pure and transformable (``torch.func.grad``, ``vmap``, ...): no ``no_grad``, no ``.item()``.
     """
     ascent, quadratic = _ascent(sde, state.theta, x, dx, dt)
-    theta = tree_map(lambda th, g: th + alpha * g, state.theta, ascent)
+    theta = tree_map(lambda th, g: th + (alpha * g).to(th.dtype), state.theta, ascent)  # alpha(t): float64 clock
     info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
     return SGDCTState(theta, state.t + dt), info
 
@@ -177,12 +184,26 @@ class DriftEstimation(Trainable):
 
 
 def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
-    """The driver's state for ``DriftEstimation``: the observations x0 (P, d) (a single path (d,) as (1, d))
-    with the estimator's theta and t (add an optimiser's state with ``fwdtrain.state.with_optimizer``)."""
+    """The driver's state for ``DriftEstimation``, from the estimator and the first observations.
+
+    Args:
+        state: The estimator (``init``).
+        x0: The first observation: (P, d) for P paths, or (d,) for a single path (held as (1, d)).
+
+    Returns:
+        ``State(x=x0, x_tilde=(), theta, t)``; add an update rule's state with
+        ``fwdtrain.core.state.with_optimizer``.
+    """
     return State(x0[None] if x0.ndim == 1 else x0, (), state.theta, state.t)
 
 
 def check_inputs(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any) -> None:
+    """Raise a clear error for anything ``step`` cannot use.
+
+    Raises:
+        TypeError: ``sde`` is not an SDE, ``state`` not an ``SGDCTState``, or tensors of another dtype.
+        ValueError: A non-positive dt, a bad learning rate, or x and dx not both (d,) or (P, d).
+    """
     if not isinstance(sde, SDE):
         raise TypeError(f"sgdct expects a fwdtrain.SDE (its drift is estimated), got {type(sde).__name__}")
     if not isinstance(state, SGDCTState):
@@ -211,9 +232,21 @@ def step_with_info(
 
 
 def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate) -> SGDCTState:
-    """One pure SGDCT update from the observation x = X_n (d,) and its increment dx = X_{n+1} - X_n (d,).
+    """One pure SGDCT update: theta_{n+1} = theta_n + alpha(t_n) J_n' a_n^{-1} (dx - mu(x; theta_n) h).
 
-    With x, dx of shape (P, d) (P independent paths of the same SDE) the P updates are averaged.
+    Args:
+        sde: The model; its drift is estimated, its diffusion is the known noise.
+        state: The estimator (``SGDCTState``).
+        x: The observation X_n, shape (d,), or (P, d) for P independent paths (their updates are averaged).
+        dx: Its increment X_{n+1} - X_n, shaped like x.
+        dt: The observation step h > 0.
+        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
+
+    Returns:
+        The new ``SGDCTState``.
+
+    Raises:
+        TypeError, ValueError: As ``check_inputs``.
     """
     return step_with_info(sde, state, x, dx, dt, lr)[0]
 
