@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain.problems.cost import check_step_inputs
 
-from . import seed_loop
+from . import machine, seed_loop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DT = 0.01
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.steps or (5 if args.quick else 200)
     repeats = args.repeats or (1 if args.quick else 5)
     theta = ft.examples.lqr_1d(hidden=16).theta
+    before = machine.describe()
     rows = []
     print(f"{'N':>4} {'variant':34s} {'steps/s':>9} {'particle-steps/s':>17} {'vs seed':>8}")
     for particles in (1, 100):
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
             }
             rows.append(row)
             print(f"{particles:>4} {name:34s} {rate:9.0f} {rate * n:17.0f} {row['ratio_to_seed']:8.2f}")
-    payload = {"steps": steps, "repeats": repeats, "threads": args.threads, "rows": rows}
+    after = os.getloadavg()
+    print(machine.caption(before, after))
+    payload = {"steps": steps, "repeats": repeats, "machine": {**before, "load_average_after": after}, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2))
     return payload

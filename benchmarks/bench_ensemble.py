@@ -1,15 +1,16 @@
-"""Ensemble throughput: E members of lqr-1d as one vmapped, fused, compiled run against E sequential runs.
+"""Ensemble throughput: E members of lqr-1d as one vmapped, compiled ``fwdtrain.run`` against E sequential runs.
 
     python -m benchmarks.bench_ensemble            # E = 16, the default lqr-1d (N = 256) and N = 1; minutes
-    python -m benchmarks.bench_ensemble --quick    # E = 2, N = 4, few steps, backend "eager" (seconds)
+    python -m benchmarks.bench_ensemble --quick    # E = 2, N = 4, few steps, torch.compile's "eager" (seconds)
 
-Every variant runs K-step fused compiled kernels (``fwdtrain.compile_steps``) on the members'
-own noise (``BrownianNoise(seed = e)``, drawn inside the timed loop), theta0 from seed e and the
-problem's schedule: "ensemble" is ``compile_steps(Ensemble(sde, E), ...)`` on the stacked state,
-"sequential" is E single runs one after the other (one compiled kernel, reused), "single" is
-one of them. The table gives steps/s per member (member-steps/s: E x steps / seconds) and the
-ratio to the sequential runs; compile time is reported apart. Medians over rounds. Writes JSON
-to benchmarks/results/bench_ensemble.json.
+Every variant is ``ft.run(..., compile=True)`` of ``--steps`` steps from the members' initial states
+(theta0 from seed e, noise ``noise=e``, alpha = 10 / (20 + t), 2 / (20 + t) at N = 1 where 4 of 16 members
+diverge with the larger rate, default records and checks):
+"ensemble" is one run of ``ft.ensemble.Ensemble(sde, E)`` on the stacked state (``noise=0``: member
+e draws seed e), "sequential" is E single runs one after the other (one compiled kernel, reused),
+"single" is one of them. The table gives steps/s per member (member-steps/s: E x steps / seconds)
+and the ratio to the sequential runs; the first call of each kind (compile or load) is reported
+apart. Medians over rounds. Writes JSON to benchmarks/results/bench_ensemble.json.
 """
 
 from __future__ import annotations
@@ -17,66 +18,60 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import fwdtrain as ft
 from fwdtrain import ensemble
 
+from . import machine
+
 RESULTS = Path(__file__).resolve().parent / "results"
+LR_SCALE, LR_SCALE_ONE = 10.0, 2.0  # alpha = scale / (20 + t): the problem's default, and for N = 1
 
 
-def _timed(fn) -> tuple[object, float]:
+def _timed(fn) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
 
 
-def _advance(kernel, state, source, steps: int, fuse: int):
-    """``steps`` steps of a fused kernel, drawing its noise as it goes."""
-    for _ in range(steps // fuse):
-        state, _ = kernel(state, source.draw(fuse))
-    return state
-
-
-def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, backend: str) -> list[dict]:
-    examples = [ft.examples.lqr_1d(particles=particles, seed=e) for e in range(members)]
+def measure(members: int, particles: int, steps: int, rounds: int, compile: ft.Compile) -> list[dict]:
+    scale = LR_SCALE if particles > 1 else LR_SCALE_ONE  # one particle: 4 of 16 members diverge with 10 / (20 + t)
+    examples = [ft.examples.lqr_1d(particles=particles, seed=e, lr=scale) for e in range(members)]
     sde, dt, lr = examples[0].sde, examples[0].dt, examples[0].lr
     states = [ft.init(sde, ex.theta, ex.x0, particles) for ex in examples]
     stacked = ensemble.stack(states)
-    m = ft.core.state.noise_dim(sde, states[0].theta, states[0].x)
+    problem = ensemble.Ensemble(sde, members)
 
-    def noise(e: int) -> ft.BrownianNoise:
-        return ft.noise.BrownianNoise((particles, m), dt, seed=e)
+    def single(e: int) -> ft.State:
+        return ft.run(sde, states[e], steps, dt, lr, e, compile=compile).state
 
-    single = ft.compile_steps(sde, dt, lr, "reverse", fuse, backend=backend)
-    batched = ft.compile_steps(
-        ensemble.Ensemble(sde, members), dt, ensemble.rates(lr, members), "reverse", fuse, backend=backend
-    )
-    _, single_compile = _timed(lambda: single(states[0], noise(0).draw(fuse)))
-    _, batched_compile = _timed(
-        lambda: batched(stacked, ensemble.EnsembleNoise([noise(e) for e in range(members)]).draw(fuse))
-    )
+    def batched() -> ft.State:
+        return ft.run(problem, stacked, steps, dt, lr, 0, compile=compile).state
+
+    _, single_first = _timed(lambda: single(0))
+    _, batched_first = _timed(batched)
     times: dict[str, list[float]] = {"single": [], "sequential": [], "ensemble": []}
+    final = stacked
     for _ in range(rounds):
-        _, seconds = _timed(lambda: _advance(single, states[0], noise(0), steps, fuse))
+        _, seconds = _timed(lambda: single(0))
         times["single"].append(seconds)
-        _, seconds = _timed(lambda: [_advance(single, states[e], noise(e), steps, fuse) for e in range(members)])
+        _, seconds = _timed(lambda: [single(e) for e in range(members)])
         times["sequential"].append(seconds)
-        final, seconds = _timed(
-            lambda: _advance(batched, stacked, ensemble.EnsembleNoise([noise(e) for e in range(members)]), steps, fuse)
-        )
+        final, seconds = _timed(batched)
         times["ensemble"].append(seconds)
-    alone = _advance(single, states[-1], noise(members - 1), steps, fuse)
+    alone = single(members - 1)
     agree = max(
         float((a - b).abs().max())
         for a, b in zip(ft.core._tree.leaves(ensemble.member(final, members - 1)), ft.core._tree.leaves(alone))
     )
     runs = {"single": 1, "sequential": members, "ensemble": members}
+    first = {"single": single_first, "sequential": single_first, "ensemble": batched_first}
     median = {name: statistics.median(values) for name, values in times.items()}
     sequential_rate = members * steps / median["sequential"]
     rows = []
@@ -88,13 +83,12 @@ def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, ba
                 "members": runs[name],
                 "particles": particles,
                 "steps": steps,
-                "fuse": fuse,
+                "lr_scale": scale,
                 "seconds": seconds,
+                "samples_s": times[name],
                 "member_steps_per_s": rate,
                 "vs_sequential": rate / sequential_rate,
-                "compile_s": {"single": single_compile, "sequential": single_compile, "ensemble": batched_compile}[
-                    name
-                ],
+                "first_call_s": first[name],
                 "max_member_difference": agree,
             }
         )
@@ -104,47 +98,47 @@ def measure(members: int, particles: int, steps: int, fuse: int, rounds: int, ba
 def table(rows: list[dict]) -> str:
     lines = [
         f"{'work':<16}{'variant':<12}{'members':>8}{'seconds':>10}{'member-steps/s':>16}{'vs sequential':>15}"
-        f"{'compile s':>11}"
+        f"{'first s':>9}"
     ]
     for row in rows:
         lines.append(
             f"{'lqr-1d N=' + str(row['particles']):<16}{row['variant']:<12}{row['members']:>8}"
             f"{row['seconds']:>10.3f}{row['member_steps_per_s']:>16,.0f}{row['vs_sequential']:>14.2f}x"
-            f"{row['compile_s']:>11.1f}"
+            f"{row['first_call_s']:>9.1f}"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and backend 'eager' (seconds)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, torch.compile's 'eager' backend (seconds)")
     parser.add_argument("--members", type=int, default=16)
     parser.add_argument("--particles", default="256,1", help="comma-separated N (default: the problem's 256, and 1)")
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--fuse", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_ensemble.json")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    backend = "inductor"
+    compile = ft.Compile(True)
     if args.quick:
-        args.members, args.particles, args.steps, args.fuse, args.rounds, backend = 2, "4", 16, 4, 1, "eager"
+        args.members, args.particles, args.steps, args.rounds = 2, "4", 16, 1
+        compile = ft.Compile(True, route="dynamo", backend="eager")
+    before = machine.describe()
     rows = []
     for particles in (int(n) for n in args.particles.split(",")):
-        rows += measure(args.members, particles, args.steps, args.fuse, args.rounds, backend)
+        rows += measure(args.members, particles, args.steps, args.rounds, compile)
+    after = os.getloadavg()
+    print(machine.caption(before, after))
     print(table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
                 "rows": rows,
-                "backend": backend,
-                "threads": torch.get_num_threads(),
-                "machine": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(),
-                "torch": torch.__version__,
+                "compile": compile._asdict(),
+                "machine": {**before, "load_average_after": after},
             },
             indent=1,
         )

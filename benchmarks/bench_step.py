@@ -1,15 +1,19 @@
 """Particle-steps per second in the steady state, through ``fwdtrain.run`` called again and again as a user
 continues a run, against the seed's stateful loop and two JAX programs, side by side in one process.
 
-    python -m benchmarks.bench_step            # full run (~10 min on a 2-core CPU)
+    python -m benchmarks.bench_step            # full run (~25 min on a 2-core CPU)
     python -m benchmarks.bench_step --quick    # tiny sizes, seconds (compiles through torch.compile's "eager")
 
 Each variant takes segments of ``--segment`` steps (2,048 by default): fwdtrain calls
 ``ft.run(problem, run, segment, dt, lr)`` with the previous ``Run`` (default options: a record and a check
-every 100 steps), eager or compiled; JAX runs a jitted ``lax.scan`` of the same length (``jax_impl``:
+every 100 steps), eager, compiled, or compiled with ``Compile(unroll=4)`` (four steps per iteration of the
+compiled loop); JAX runs a jitted ``lax.scan`` of the same length (``jax_impl``:
 fwdtrain's generic work; ``jax_hand``: the 1-D problem specialised by hand, only u differentiated). Noise
-generation is part of the timed work everywhere. Medians over round-robin repeats; the compile (or trace and
-load) of each variant's first segment is reported apart. Writes JSON to benchmarks/results/bench_step.json.
+generation is part of the timed work everywhere. The seed loop (one particle, autograd, in place) runs beside
+every lqr-1d size: its particle-steps/s is what N of its loops would give. Medians over round-robin repeats;
+the compile (or trace and load) of each variant's first segment is reported apart, and issue 18's
+steady-state targets (compiled against the hand JAX program) are printed. Writes JSON to
+benchmarks/results/bench_step.json.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +32,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain.compile import kernels
 
-from . import problems, roofline, seed_loop
+from . import machine, problems, roofline, seed_loop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -175,9 +178,14 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
     variants = [
         fwdtrain_variant(problem, particles, args.segment, False, "fwdtrain eager"),
         fwdtrain_variant(problem, particles, args.segment, compiled, "fwdtrain compiled"),
+        *(
+            [fwdtrain_variant(problem, particles, args.segment, compiled._replace(unroll=k), f"fwdtrain unroll={k}")]
+            if (k := args.unroll) > 1 and not args.quick
+            else []
+        ),
         *jax_variants(problem, particles, args.segment),
     ]
-    if name == "lqr-1d" and particles == 1:
+    if name == "lqr-1d":  # one particle per loop: its particle-steps/s is the reference at every N
         variants.insert(0, seed_variant(min(args.segment, 512)))
     results = measure(variants, args.repeats or (3 if args.quick else 5))
     rates = {
@@ -205,37 +213,59 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
+TARGETS = {1: 1.0, 100: 1.0, 10_000: 5.0}  # issue 18: compiled particle-steps/s over the hand JAX program's
+
+
+def print_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 18's steady-state targets for the compiled rows of lqr-1d against the hand JAX program."""
+    out = []
+    for row in rows:
+        target = TARGETS.get(row["particles"])
+        compiled = row["variant"].startswith(("fwdtrain compiled", "fwdtrain unroll"))
+        if row["problem"] != "lqr-1d" or not compiled or target is None:
+            continue
+        ratio = row.get("vs_jax_hand")
+        if ratio is None:
+            continue
+        met = ratio >= target
+        out.append({"work": row["work"], "variant": row["variant"], "vs_jax_hand": ratio, "target": target, "met": met})
+        verdict = "met" if met else "MISSED"
+        print(f"target {row['work']}, {row['variant']}: {ratio:.2f}x hand JAX, target >= {target:g}x: {verdict}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, torch.compile's 'eager' backend (seconds)")
     parser.add_argument("--segment", type=int, default=None, help="steps per ft.run call (default 2048; 64 quick)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="threads for torch and XLA (1 on a busy machine)")
+    parser.add_argument("--unroll", type=int, default=4, help="K of the 'fwdtrain unroll=K' rows (1: none)")
     parser.add_argument("--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 '")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step.json")
     args = parser.parse_args(argv)
     args.segment = args.segment or (64 if args.quick else 2048)
     _set_threads(args.threads)
+    before = machine.describe()
     rows: list[dict[str, Any]] = []
     for name, particles in work_sizes(args.quick):
         if args.only and args.only not in f"{name} N={particles} ":
             continue
         rows += run_size(name, particles, args)
+    after = os.getloadavg()
     print()
+    print(machine.caption(before, after))
     print_table(rows)
+    print()
+    targets = [] if args.quick else print_targets(rows)
     print()
     peaks = roofline.machine_peaks(quick=args.quick)
     out = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            **peaks._asdict(),
-        },
+        "machine": {**before, "load_average_after": after, **peaks._asdict()},
         "segment_steps": args.segment,
+        "repeats": args.repeats or (3 if args.quick else 5),
         "rows": rows,
+        "targets": targets,
         "roofline": roofline.report(rows, peaks),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

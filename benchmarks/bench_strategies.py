@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from fwdtrain.core._tree import tree_map
 from fwdtrain.core.problem import Coefficients
 from fwdtrain.core.sensitivity import linearise
 
-from . import problems
+from . import machine, problems
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -63,8 +64,12 @@ STRATEGIES = {
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_strategies.json")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    before = machine.describe()
     sizes = [("lqr-1d", 2), ("lqr-3d", 4)] if args.quick else [("lqr-1d", 1), ("lqr-1d", 10_000), ("lqr-10d", 256)]
     repeats = 3 if args.quick else 7
     rows = []
@@ -97,7 +102,10 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"{r['work']:<18}{r['strategy']:<36}{r['ms']:>22.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"quick": args.quick, "rows": rows}, indent=2))
+    after = os.getloadavg()
+    print(machine.caption(before, after))
+    payload = {"quick": args.quick, "machine": {**before, "load_average_after": after}, "rows": rows}
+    args.out.write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out}")
     return {"rows": rows}
 

@@ -12,6 +12,8 @@ the process counts are interleaved and each keeps its best time (the machine may
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,10 @@ import torch
 import torch.distributed as dist
 
 import fwdtrain as ft
+from benchmarks import machine
 from fwdtrain import distributed as D
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _all_reduce_seconds(numbers: int, repeats: int = 200) -> float:
@@ -37,30 +42,33 @@ def _all_reduce_seconds(numbers: int, repeats: int = 200) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def _rank_job(particles: int, steps: int, every: int, threads: int) -> tuple[float, float]:
+def _rank_job(particles: int, steps: int, every: int, threads: int, compile: str) -> tuple[float, float]:
+    """This rank's seconds for ``steps`` steps continued from a warm-up run, and one all_reduce's seconds."""
     torch.set_num_threads(threads)
     ex = ft.examples.lqr_1d(particles=particles)
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
-    warm, _ = D.distributed_run(ex.sde, state, 10, ex.dt, ex.lr, seed=1, every=every)
+    options = {"compile": {"eager": False, "compiled": True, "auto": "auto"}[compile]}
+    warm = D.distributed_run(ex.sde, state, 10, ex.dt, ex.lr, seed=1, every=every, **options)
     if D.is_initialized():
         dist.barrier()
     started = time.perf_counter()
-    _final, _ = D.distributed_run(
+    D.distributed_run(  # continues the warm-up run: its noise stream, step count and history
         ex.sde,
         warm,
         steps,
         ex.dt,
         ex.lr,
-        seed=2,
+        seed=1,
         every=every,
-        check_every=max(1, steps // 10),
-        record_every=max(1, steps // 10),
+        checks=ft.Checks(every=max(1, steps // 10)),
+        save=ft.SaveAt(every=max(1, steps // 10)),
+        **options,
     )
     seconds = time.perf_counter() - started
     return seconds, _all_reduce_seconds(sum(leaf.numel() for leaf in ft.core._tree.leaves(ex.theta)) + 1)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--particles", type=int, default=256, help="particles per process")
     parser.add_argument("--steps", type=int, default=400)
@@ -73,32 +81,64 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="interleave the process counts this many times and keep each one's best time",
     )
+    parser.add_argument(
+        "--compile",
+        choices=("eager", "compiled", "auto"),
+        default="eager",
+        help="eager steps (default), compiled halves around the all-reduce, or run's automatic choice",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke test: 16 particles, 20 steps")
+    parser.add_argument("--out", type=Path, default=RESULTS / "distributed.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.particles, args.steps, args.repeat = 16, 20, 1
     print(
         f"torch {torch.__version__}, lqr-1d float32, {args.particles} particles per process, "
-        f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each"
+        f"{args.steps} steps, gradient all-reduce every {args.every} step(s), {args.threads} thread(s) each, "
+        f"{args.compile} steps"
     )
+    before = {**machine.describe(), "threads": args.threads}
     best: dict[int, tuple[float, float]] = {}
     for _ in range(args.repeat):
         for size in args.processes:
-            per_rank = D.launch(_rank_job, size, (args.particles, args.steps, args.every, args.threads), timeout=600.0)
+            per_rank = D.launch(
+                _rank_job, size, (args.particles, args.steps, args.every, args.threads, args.compile), timeout=600.0
+            )
             seconds, reduce_seconds = max(t for t, _ in per_rank), max(r for _, r in per_rank)
             if size not in best or seconds < best[size][0]:
                 best[size] = (seconds, reduce_seconds)
     base = None
+    rows = []
     for size in args.processes:
         seconds, reduce_seconds = best[size]
         rate = size * args.particles * args.steps / seconds
         base = base or rate / size
+        rows.append(
+            {
+                "processes": size,
+                "particles": size * args.particles,
+                "seconds": seconds,
+                "particle_steps_per_s": rate,
+                "speedup": rate / base,
+                "efficiency": rate / base / size,
+                "all_reduce_s": reduce_seconds,
+            }
+        )
         print(
             f"processes {size}  particles {size * args.particles:>6d}  time {seconds:7.2f} s  "
             f"particle-steps/s {rate:12,.0f}  speed-up {rate / base:5.2f}  efficiency {rate / base / size:5.2f}  "
             f"all_reduce {reduce_seconds * 1e6:6.0f} us ({1e3 * seconds / args.steps:5.2f} ms/step)",
             flush=True,
         )
+    print(machine.caption(before, os.getloadavg()))
+    payload = {
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": {**before, "load_average_after": os.getloadavg()},
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1))
+    return payload
 
 
 if __name__ == "__main__":

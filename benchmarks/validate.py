@@ -5,6 +5,7 @@
     python benchmarks/validate.py --only lqr-d5 sgdct-ou
     python benchmarks/validate.py --study averaging     # Polyak-Ruppert averaging on the default lqr-1d
     python benchmarks/validate.py --study optimisers    # adam against sgd on the 10-D LQR, MLP control
+    python benchmarks/validate.py --study solvers       # issue 19: orders, accuracy per second, compiled kernels
 
 Prints one row per checked quantity: problem, metric, fwdtrain's result, the reference, the relative
 error (for a metric named *_error, the value itself), the tolerance, steps and wall time; exits with
@@ -23,6 +24,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fwdtrain as ft
+from benchmarks import machine, study_solvers
 from fwdtrain import cli, optim
 from fwdtrain.examples import double_well_calibration, lqr_nd, noisy_control, ou_calibration, sgdct_ou
 from fwdtrain.examples.lqr_riccati import linear_control_cost, random_lqr, riccati
@@ -124,12 +127,10 @@ def _relative(name: str, value: float, reference: float) -> float:
 
 def run_case(case: Case, quick: bool) -> list[dict]:
     example = case.build(quick)
-    state = ft.init(example.sde, example.theta, example.x0, example.particles)
     start = time.perf_counter()
-    if example.train is None:
-        state, _ = ft.run(example.sde, state, example.steps, example.dt, example.lr, noise=0)
-    else:
-        state, _ = example.train(state, example.steps, seed=0)
+    state, _ = ft.run(
+        example.trainable, example.initial_state(), example.steps, example.dt, example.lr, example.noise(0)
+    )
     wall = time.perf_counter() - start
     learned = example.evaluate(state.theta)
     results = {name: (learned[name], reference) for name, reference in example.reference.items()}
@@ -311,7 +312,8 @@ def _print_optimisers(rows: list[dict]) -> None:
         )
 
 
-STUDIES = {"averaging": averaging_study, "optimisers": optimiser_study}
+STUDIES = {"averaging": averaging_study, "optimisers": optimiser_study, "solvers": study_solvers.solver_study}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,11 +326,26 @@ def main(argv: list[str] | None = None) -> int:
         "--study",
         choices=tuple(STUDIES),
         default=None,
-        help="run one study of issue 13 instead of the cases: Polyak-Ruppert averaging on the "
-        "default lqr-1d (seeds 0-3), or adam against sgd on the 10-D LQR with an MLP",
+        help="run one study instead of the cases: Polyak-Ruppert averaging on the default lqr-1d (seeds 0-3) "
+        "or adam against sgd on the 10-D LQR with an MLP (issue 13); the solvers' orders, accuracy per second "
+        "and compiled kernels (issue 19)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the solvers study's JSON (default results/solvers.json)"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.study == "solvers":
+        before = machine.describe()
+        result = study_solvers.solver_study(args.quick)
+        study_solvers.print_study(result)
+        after = os.getloadavg()
+        print(machine.caption(before, after))
+        result["machine"] = {**before, "load_average_after": after}
+        out = args.out or RESULTS / "solvers.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"quick": args.quick, "threads": args.threads, **result}, indent=1))
+        return 0
     if args.study is not None:
         rows = STUDIES[args.study](args.quick)
         if args.jsonl:

@@ -504,13 +504,14 @@ def test_cli_under_torchrun_prints_once_and_resumes_the_group(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_quick(monkeypatch, capsys):
-    """benchmarks/distributed.py --quick: one line per process count."""
+def test_benchmark_quick(monkeypatch, capsys, tmp_path):
+    """benchmarks/distributed.py --quick: one line per process count, and the JSON rows."""
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import importlib
 
     bench = importlib.import_module("distributed")
-    bench.main(["--quick"])
+    payload = bench.main(["--quick", "--out", str(tmp_path / "distributed.json")])
+    assert [row["processes"] for row in payload["rows"]] == [1, 2]
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("processes")]
     assert [line.split()[1] for line in lines] == ["1", "2"]
     assert all(float(line.split("particle-steps/s")[1].split()[0].replace(",", "")) > 0 for line in lines)
