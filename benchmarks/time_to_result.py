@@ -13,7 +13,8 @@ compiled processes a new cache folder (``FWDTRAIN_CACHE_DIR``; inductor's caches
 
 - cold: the folder is empty (a first compile on this machine: the instruction-set probe and the precompiled
   headers are built too);
-- warm: a second fresh process on the same folder (the kernel's package is on disk; "auto" runs here too);
+- warm: a second fresh process on the same folder (the kernel's package is on disk; for "auto", the folder
+  its own cold launch left: the default run launched twice);
 - new: a folder where another kernel (the same problem at N = 8) was compiled first, untimed: the
   instruction-set probe's result and the precompiled headers are there, this kernel is not (a new problem
   or size on a machine that has compiled before).
@@ -178,11 +179,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 folder = os.path.join(root, f"compiled-{r}")
                 for cache in ("cold", "warm"):
                     launch("fwdtrain compiled", cache, "compiled", folder, r)
-                launch("fwdtrain auto (default)", "warm", "auto", folder, r)
-                used = os.path.join(root, f"used-{r}")  # another kernel (N = 8) compiled there first, untimed
-                _launch(["compiled", "8", "10", str(args.threads or 0)], {**env, "FWDTRAIN_CACHE_DIR": used})
-                launch("fwdtrain compiled", "new", "compiled", used, r)
-                launch("fwdtrain auto (default)", "cold", "auto", os.path.join(root, f"auto-{r}"), r)
+                for kind, label in (("compiled", "fwdtrain compiled"), ("auto", "fwdtrain auto (default)")):
+                    used = os.path.join(root, f"used-{kind}-{r}")  # another kernel (N = 8) compiled first, untimed
+                    _launch(["compiled", "8", "10", str(args.threads or 0)], {**env, "FWDTRAIN_CACHE_DIR": used})
+                    launch(label, "new", kind, used, r)
+                auto = os.path.join(root, f"auto-{r}")  # the default run launched twice: what a user sees
+                for cache in ("cold", "warm"):
+                    launch("fwdtrain auto (default)", cache, "auto", auto, r)
             if _has_jax():
                 launch("jax hand", "-", "jax", None, r, theta_file)
     labels = ["fwdtrain eager", "fwdtrain compiled", "fwdtrain auto (default)", "jax hand"]

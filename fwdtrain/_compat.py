@@ -109,14 +109,15 @@ def _probe_file() -> Path:
     return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ".")) / "isa.json"
 
 
-def skip_known_probe(machine: str) -> None:
-    """If this machine's instruction-set probe passed before (``record_probe``), tell inductor so."""
+def skip_known_probe(machine: str) -> bool:
+    """If this machine's instruction-set probe passed before (``record_probe``), tell inductor so; whether it
+    had (False: this compile also pays the machine's one-time set-up, the probe and precompiled headers)."""
     import torch._inductor.config as config
 
     try:
         known = json.loads(_probe_file().read_text())
     except (OSError, ValueError):
-        return
+        return False
     if (
         isinstance(known, dict)
         and known.get("machine") == machine
@@ -125,6 +126,7 @@ def skip_known_probe(machine: str) -> None:
         and config.cpp.vec_isa_ok is None
     ):
         config.cpp.vec_isa_ok = True
+    return isinstance(known, dict) and known.get("machine") == machine and known.get("torch") == torch.__version__
 
 
 def record_probe(machine: str) -> None:

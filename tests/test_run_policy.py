@@ -3,7 +3,11 @@ and user noise of the wrong dtype, all before (or instead of) a silently wrong s
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from fwdtrain import cli
 from fwdtrain.compile import kernels, policy
 
 DT = 0.01
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def linear_problem(particles: int = 4, dtype: torch.dtype = torch.float64):
@@ -30,10 +35,18 @@ def test_the_cost_model_compiles_when_the_projected_eager_time_exceeds_compiling
     per_node, speedup = policy.ASSUMED_SECONDS_PER_NODE, policy.ASSUMED_SPEEDUP
     nodes, eager_step = 370, 3e-3  # the seed step's graph; 3 ms per eager step at N = 256
     compile_s = per_node * nodes
-    break_even = compile_s / (eager_step * (1 - 1 / speedup))
-    assert not policy.decide(eager_step, int(break_even * 0.9), warm=False, nodes=nodes).compile
-    assert policy.decide(eager_step, int(break_even * 1.1), warm=False, nodes=nodes).compile
-    assert policy.decide(eager_step, 1000, warm=True, nodes=nodes).compile  # a package on disk: a load
+    # a kernel not on disk pays back over this run and one later run of the same length, which loads it:
+    # compile_s + T / s < T + (T - T / s - load - trace), T the eager seconds left
+    extra = policy.LOAD_SECONDS + policy.TRACE_SECONDS
+    break_even = (compile_s + extra) / (2 * eager_step * (1 - 1 / speedup))
+    below = policy.decide(eager_step, int(break_even * 0.9), warm=False, nodes=nodes)
+    above = policy.decide(eager_step, int(break_even * 1.1), warm=False, nodes=nodes)
+    assert not below.compile and above.compile
+    assert below.compiled_s > below.eager_s and above.compiled_s > above.eager_s  # this run alone: eager is faster
+    assert above.reuse_s == pytest.approx(above.eager_s * (1 - 1 / speedup) - extra)
+    warm = policy.decide(eager_step, 1000, warm=True, nodes=nodes)  # a package on disk: a load, no reuse credit
+    assert warm.compile and warm.reuse_s == 0.0
+    assert not policy.decide(1e-4, 100, warm=True, nodes=nodes).compile  # 10 ms of eager steps: not worth a load
     assert not policy.worth_tracing(1e-3, 100) and policy.worth_tracing(1e-3, 10_000)
     # the machine's own record replaces the assumed constants
     ft.compile.cache.record_compile(2 * compile_s, nodes)
@@ -61,6 +74,31 @@ def test_auto_compiles_when_the_policy_says_so(monkeypatch):
     eager, _ = ft.run(sde, state, 40, DT, 0.5, 3, compile=False)
     for a, b in zip(ft.core._tree.leaves(loop.carry.state), ft.core._tree.leaves(eager)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+_LAUNCH = (
+    "import json, fwdtrain as ft\n"
+    "from fwdtrain.compile import kernels\n"
+    "ex = ft.examples.lqr_1d(particles=3)\n"
+    "result = ft.run(ex.sde, ex.initial_state(), 20_000, ex.dt, ex.lr, 0)\n"  # compile="auto", the default
+    "print(json.dumps(kernels.counts()))\n"
+)
+
+
+@pytest.mark.slow
+def test_the_default_run_launched_twice_compiles_once_and_then_loads(tmp_path):
+    """Issue 18's "a second launch takes the compiled path": two fresh processes on one (empty) cache folder,
+    each a default ``run`` long enough to pay back a compile over two runs; the first compiles, the second
+    loads the kernel the first left on disk and compiles nothing."""
+    env = {**os.environ, "FWDTRAIN_CACHE_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+    counts = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _LAUNCH], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        counts.append(json.loads(done.stdout.splitlines()[-1]))
+    first, second = counts
+    assert first["compiles"] >= 1 and first["fallbacks"] == 0, first
+    assert second["compiles"] == 0 and second["loads"] >= 1 and second["fallbacks"] == 0, second
 
 
 def test_default_run_equals_the_explicitly_eager_run():

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 
 def test_validate_quick(capsys):
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate.py"
@@ -29,6 +31,7 @@ def test_validate_studies_quick(capsys):
     assert "slope err avg" in out and "mean|.|" in out
 
 
+@pytest.mark.slow
 def test_validate_solver_study_quick(capsys, tmp_path):
     """--study solvers --quick: every table printed, the exact weak orders fitted, and the JSON written."""
     import json

@@ -211,7 +211,7 @@ class _Package:
 
     def _build(self) -> None:
         machine = cache.machine()
-        _compat.skip_known_probe(machine)
+        set_up = _compat.skip_known_probe(machine)
         temporary = cache.writable_temporary(self.path)
         clock = time.perf_counter()
         try:
@@ -221,7 +221,8 @@ class _Package:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
-        cache.record_compile(time.perf_counter() - clock, self.nodes)
+        if set_up:  # a machine's first compile also builds its probe and headers: not a compile's usual cost
+            cache.record_compile(time.perf_counter() - clock, self.nodes)
         _compat.record_probe(machine)
         _COUNTS["compiles"] += 1
         self.run = self._load()

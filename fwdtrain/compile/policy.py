@@ -4,8 +4,12 @@ One cost model, measured on the machine that runs:
 
     eager    = remaining x t_eager                                (t_eager: this run's first eager steps, timed)
     compiled = T_compile + remaining x t_eager / speedup
+    reuse    = remaining x t_eager x (1 - 1 / speedup) - T_load - T_trace   (what one later run of the same
+                                                                         length saves by loading the kernel)
 
-and the run compiles iff compiled < eager. ``T_compile`` is nearly nothing when the kernel's
+and the run compiles iff compiled < eager + reuse (reuse counts only when the kernel is not on disk yet:
+a compiled kernel is kept, so its compile pays back over this run and one more like it; the default
+problem's second launch then loads it). ``T_compile`` is nearly nothing when the kernel's
 AOTInductor package is already on disk (a load takes milliseconds, after a trace that costs about
 ``TRACE_SECONDS``); otherwise this machine's own record of compile seconds per graph node
 (``cache.record_compile``), or ``ASSUMED_SECONDS_PER_NODE`` until it has compiled once. ``speedup``
@@ -34,6 +38,7 @@ class Decision(NamedTuple):
     compile: bool
     eager_s: float
     compiled_s: float
+    reuse_s: float = 0.0  # what one later run of the same length saves by loading the kernel (not yet on disk)
 
 
 def seconds_per_node() -> float:
@@ -55,11 +60,13 @@ def worth_tracing(eager_step_s: float, remaining: int) -> bool:
 
 
 def decide(eager_step_s: float, remaining: int, *, warm: bool, nodes: int) -> Decision:
-    """Compile iff the compiled estimate (compile or load, then faster steps) beats the eager one."""
+    """Compile iff the compiled estimate (compile or load, then faster steps) beats the eager one, counting
+    for a kernel not yet on disk what one later run of the same length saves by loading it."""
     eager = eager_step_s * remaining
     compile_s = LOAD_SECONDS if warm else seconds_per_node() * nodes
     compiled = compile_s + eager / speedup()
-    return Decision(compiled < eager, eager, compiled)
+    reuse = 0.0 if warm else max(0.0, eager - eager / speedup() - LOAD_SECONDS - TRACE_SECONDS)
+    return Decision(compiled < eager + reuse, eager, compiled, reuse)
 
 
 def record_speedup(eager_step_s: float, compiled_step_s: float) -> None:
