@@ -251,3 +251,15 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert build.returncode == 0, build.stdout + build.stderr
+
+
+def test_the_sites_own_scripts_and_styles_exist() -> None:
+    """mkdocs --strict does not check extra_javascript / extra_css: a missing MathJax configuration leaves every
+    formula as raw TeX. Each local entry must be a file under docs/; the MathJax one typesets arithmatex's maths."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    entries = re.findall(r"^extra_(?:javascript|css):\n((?:  - .+\n)+)", config, flags=re.MULTILINE)
+    local = [line.strip()[2:] for block in entries for line in block.splitlines() if "://" not in line]
+    assert local, "mkdocs.yml lists no local script (the MathJax configuration)"
+    for entry in local:
+        assert (DOCS / entry).is_file(), f"mkdocs.yml lists docs/{entry}, which does not exist"
+    assert "arithmatex" in (DOCS / "javascripts" / "mathjax.js").read_text()
