@@ -43,6 +43,38 @@ def diagonal_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
     return ft.SDE(drift, diffusion, cost), theta
 
 
+def additive_2d(dtype=torch.float64):
+    """Nonlinear drift, a diffusion (2 x 2) that depends on theta but not on x: Heun's domain."""
+    theta = {"a": torch.tensor([[-1.0, 0.3], [0.2, -0.8]], dtype=dtype), "s": torch.tensor([0.4, 0.6], dtype=dtype)}
+
+    def drift(th, x):
+        return th["a"] @ x + 0.5 * torch.sin(x * th["s"])
+
+    def diffusion(th, x):
+        return torch.diag(th["s"]) + 0.1 * th["a"]
+
+    def cost(th, x):
+        return (x**2).sum() + (th["s"] * x).sum() ** 2
+
+    return ft.SDE(drift, diffusion, cost), theta
+
+
+def one_noise_2d(dtype=torch.float64):
+    """One Brownian motion (sigma of shape (2, 1)) that depends on x: Milstein's scalar-noise case."""
+    theta = {"k": torch.tensor([1.2, 0.7], dtype=dtype), "s": torch.tensor([0.5, 0.3], dtype=dtype)}
+
+    def drift(th, x):
+        return -th["k"] * x + 0.2 * x.flip(0)
+
+    def diffusion(th, x):
+        return (th["s"] * torch.cos(x) + 0.1 * x.flip(0)).unsqueeze(1)
+
+    def cost(th, x):
+        return (x**2).sum() + th["k"].sum() * x[0]
+
+    return ft.SDE(drift, diffusion, cost), theta
+
+
 @pytest.fixture
 def lqr64():
     return ft.examples.lqr_1d(dtype=torch.float64, particles=4)

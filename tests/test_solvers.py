@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import diagonal_2d, nonlinear_2d
+from conftest import additive_2d, diagonal_2d, nonlinear_2d, one_noise_2d
 from torch.func import grad, jacfwd, jacrev, vmap
 
 import fwdtrain as ft
@@ -22,38 +22,6 @@ from fwdtrain.core.state import noise_dim
 F64 = torch.float64
 DT = 0.02
 X0 = torch.tensor([0.3, -0.2], dtype=F64)
-
-
-def additive_2d(dtype=F64):
-    """Nonlinear drift, a diffusion (2 x 2) that depends on theta but not on x: Heun's domain."""
-    theta = {"a": torch.tensor([[-1.0, 0.3], [0.2, -0.8]], dtype=dtype), "s": torch.tensor([0.4, 0.6], dtype=dtype)}
-
-    def drift(th, x):
-        return th["a"] @ x + 0.5 * torch.sin(x * th["s"])
-
-    def diffusion(th, x):
-        return torch.diag(th["s"]) + 0.1 * th["a"]
-
-    def cost(th, x):
-        return (x**2).sum() + (th["s"] * x).sum() ** 2
-
-    return ft.SDE(drift, diffusion, cost), theta
-
-
-def one_noise_2d(dtype=F64):
-    """One Brownian motion (sigma of shape (2, 1)) that depends on x: Milstein's scalar-noise case."""
-    theta = {"k": torch.tensor([1.2, 0.7], dtype=dtype), "s": torch.tensor([0.5, 0.3], dtype=dtype)}
-
-    def drift(th, x):
-        return -th["k"] * x + 0.2 * x.flip(0)
-
-    def diffusion(th, x):
-        return (th["s"] * torch.cos(x) + 0.1 * x.flip(0)).unsqueeze(1)
-
-    def cost(th, x):
-        return (x**2).sum() + th["k"].sum() * x[0]
-
-    return ft.SDE(drift, diffusion, cost), theta
 
 
 CASES = {
