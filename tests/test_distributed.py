@@ -655,3 +655,33 @@ def test_an_ensemble_on_two_ranks_equals_one_process():
     assert torch.equal(ranks[0][0].theta["weight1"], ranks[1][0].theta["weight1"])  # one theta per member
     offset = particles[0]
     torch.testing.assert_close(ranks[1][0].x, reference.state.x[:, offset:], rtol=1e-12, atol=1e-14)
+
+
+class _RouteSeen(ft.driver.hooks.Hook):
+    """Remembers the route the loop's stepper ended on ("eager", or a compiled route)."""
+
+    def end(self, loop, interrupted):
+        self.route = loop.stepper.route
+
+
+def _auto_worker(particles: int):
+    """compile="auto" where the ranks' own measurements disagree: rank 0's policy says compile, rank 1's says stay
+    eager (timings on a shared machine can fall either side of the threshold)."""
+    from fwdtrain.compile import policy
+
+    policy.worth_tracing = lambda *args: D.rank() == 0
+    policy.decide = lambda *args, **kwargs: policy.Decision(D.rank() == 0, 1.0, 0.0)
+    ex = _lqr()
+    state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
+    seen = _RouteSeen()
+    auto = ft.Compile("auto", route="dynamo", backend="eager")
+    run = D.distributed_run(ex.sde, state, 30, DT, LR, seed=SEED, compile=auto, hooks=(seen,))
+    return seen.route, run.state.theta
+
+
+def test_compile_auto_takes_rank_0s_choice_on_every_rank():
+    """Eager and compiled steps agree only to rounding, and a group refuses ranks whose thetas differ: every rank
+    steps the way rank 0 decided, so one run never mixes the two."""
+    ranks = D.launch(_auto_worker, 2, (3,), timeout=2 * LAUNCH_TIMEOUT)
+    assert [route for route, _ in ranks] == ["dynamo", "dynamo"]
+    assert all(torch.equal(ranks[0][1][name], ranks[1][1][name]) for name in ranks[0][1])

@@ -23,7 +23,7 @@ import torch
 from ..core._tree import squared_norm, tree_map
 from ..driver.hooks import Hook, Loop
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
-from .group import GroupError, all_reduce, group_mean, is_initialized, print_main, world_size
+from .group import GroupError, all_reduce, broadcast, group_mean, is_initialized, print_main, world_size
 from .reduce import GradientMean
 
 
@@ -48,6 +48,11 @@ class GroupHook(Hook):
 
     def reduce(self, gradient: Any) -> Any:
         return self.gradient(gradient)
+
+    def agree(self, choice: bool) -> bool:
+        """Rank 0's choice on every rank: eager and compiled steps agree only to rounding, and the group check
+        refuses ranks whose thetas differ."""
+        return bool(broadcast(torch.tensor(float(choice))))
 
     def start(self, loop: Loop) -> None:
         self.last = (loop.carry.n, loop.carry.total)

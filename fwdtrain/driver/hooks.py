@@ -4,6 +4,7 @@ A hook subclasses ``Hook`` and overrides what it needs; the loop calls, in this 
 
     start(loop)               before the first step (probe a path, open a bar); may raise, nothing stepped yet
     reduce(gradient)          between the two halves of every step (``reduces_gradient = True``)
+    agree(choice) -> choice   once, when ``compile="auto"`` has chosen eager or compiled (a group agrees here)
     checked(loop, ok) -> ok   after every divergence check, before the loop acts on it (a group agrees here)
     record(values) -> values  on every record before it is kept (a group averages its costs here)
     at(loop)                  at every multiple of ``every`` steps, after that step's check and record
@@ -72,6 +73,11 @@ class Hook:
     def reduce(self, gradient: Any) -> Any:
         """The gradient used for the update (called only when ``reduces_gradient``)."""
         return gradient
+
+    def agree(self, choice: bool) -> bool:
+        """A choice every process of a run must share (``compile="auto"``'s), returned as it is or agreed
+        (a group: rank 0's, on every rank)."""
+        return choice
 
     def checked(self, loop: Loop, ok: torch.Tensor) -> torch.Tensor:
         """After a divergence check of ``loop.carry.state``: ``ok`` the flags (0-d, or (E,) per member) that the

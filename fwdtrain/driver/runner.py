@@ -8,6 +8,7 @@ result whatever the noise chunk size, and a continued run equals the uninterrupt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -92,6 +93,17 @@ def _reduce(hooks: tuple[Hook, ...]) -> GradientReduce | None:
     return reduce
 
 
+def _agree(hooks: tuple[Hook, ...]) -> Callable[[bool], bool]:
+    """The hooks' agreements on a choice, in order (``Hook.agree``)."""
+
+    def agree(choice: bool) -> bool:
+        for hook in hooks:
+            choice = hook.agree(choice)
+        return choice
+
+    return agree
+
+
 def setup(
     problem: Any,
     start: Any,
@@ -145,6 +157,7 @@ def setup(
         example,
         options,
         first + steps,
+        _agree(hooks),
     )
     loop = Loop(
         trainable,

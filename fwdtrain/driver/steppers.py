@@ -201,8 +201,8 @@ class Auto:
     """``compile="auto"``: eager for a warm-up step and ``policy.EAGER_PROBE_STEPS`` timed steps, then compiled
     when ``policy.decide`` projects that it pays for the steps left (a kernel on disk counts as nearly free)."""
 
-    def __init__(self, stepping: Stepping, options: Compile, end: int) -> None:
-        self.s, self.options, self.end = stepping, options, end
+    def __init__(self, stepping: Stepping, options: Compile, end: int, agree: Callable[[bool], bool]) -> None:
+        self.s, self.options, self.end, self.agree = stepping, options, end, agree
         self.eager = Eager(stepping)
         self.chosen: Eager | Compiled | Split | None = None
         self.timed: list[float] = []
@@ -226,26 +226,37 @@ class Auto:
         return self.chosen.steps(carry, block, start, count, set_carry)
 
     def _choose(self, carry: Carry, block: torch.Tensor) -> Eager | Compiled | Split:
+        """This process's choice, then the run's (``agree``: every rank of a group takes rank 0's)."""
         eager_step = min(self.timed[1:])  # the first step pays one-time costs (imports, caches)
         remaining = self.end - carry.n
-        if not policy.worth_tracing(eager_step, remaining):
+        chosen = None
+        if policy.worth_tracing(eager_step, remaining):
+            chosen = compiled(self.s, carry.state, block, self.options._replace(enabled=True))
+            kernel = chosen.kernel if isinstance(chosen, Compiled) else None
+            warm = kernel.warm if kernel is not None else False
+            nodes = kernel.nodes if kernel is not None else 0
+            self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1))
+        if not self.agree(self.decision is not None and self.decision.compile):
             return self.eager
-        chosen = compiled(self.s, carry.state, block, self.options._replace(enabled=True))
-        kernel = chosen.kernel if isinstance(chosen, Compiled) else None
-        warm = kernel.warm if kernel is not None else False
-        nodes = kernel.nodes if kernel is not None else 0
-        self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1))
-        return chosen if self.decision.compile else self.eager
+        return (
+            chosen if chosen is not None else compiled(self.s, carry.state, block, self.options._replace(enabled=True))
+        )
 
 
 def stepper(
-    stepping: Stepping, state: State, block: torch.Tensor, options: Compile, end: int
+    stepping: Stepping,
+    state: State,
+    block: torch.Tensor,
+    options: Compile,
+    end: int,
+    agree: Callable[[bool], bool] = bool,
 ) -> Eager | Compiled | Split | Auto:
-    """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto")."""
+    """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto", the decision
+    passed through ``agree``)."""
     if options.enabled is False:
         return Eager(stepping)
     if options.enabled == "auto":
-        return Auto(stepping, options, end)
+        return Auto(stepping, options, end, agree)
     return compiled(stepping, state, block, options)
 
 
