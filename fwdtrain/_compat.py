@@ -118,15 +118,10 @@ def skip_known_probe(machine: str) -> bool:
         known = json.loads(_probe_file().read_text())
     except (OSError, ValueError):
         return False
-    if (
-        isinstance(known, dict)
-        and known.get("machine") == machine
-        and known.get("torch") == torch.__version__
-        and known.get("all_supported") is True
-        and config.cpp.vec_isa_ok is None
-    ):
+    same = isinstance(known, dict) and known.get("machine") == machine and known.get("torch") == torch.__version__
+    if same and known.get("all_supported") is True and config.cpp.vec_isa_ok is None:
         config.cpp.vec_isa_ok = True
-    return isinstance(known, dict) and known.get("machine") == machine and known.get("torch") == torch.__version__
+    return same
 
 
 def record_probe(machine: str) -> None:
