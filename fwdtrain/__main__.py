@@ -1,5 +1,5 @@
 """``python -m fwdtrain``: see ``fwdtrain.cli``."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

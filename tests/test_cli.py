@@ -164,7 +164,30 @@ def test_default_problem_and_help(capsys):
     assert parser.with_problem(["--steps", "5"]) == [examples.DEFAULT, "--steps", "5"]
     assert cli.main(["--help"]) == 0
     assert "lqr-1d" in capsys.readouterr().out
-    assert 'fwdtrain = "fwdtrain.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'fwdtrain = "fwdtrain.cli:entry"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_process_entry_exits_with_mains_status_and_leaves_a_broken_group_at_once(monkeypatch):
+    """``entry`` (``python -m fwdtrain``, the ``fwdtrain`` script) exits with ``main``'s status; after a failed
+    collective it skips the interpreter's teardown (os._exit), which can abort on a broken gloo context."""
+    from fwdtrain.cli import app
+
+    monkeypatch.setattr(app, "main", lambda: 3)
+    with pytest.raises(SystemExit) as stop:
+        cli.entry()
+    assert stop.value.code == 3
+
+    class Left(Exception):
+        pass
+
+    def leave(status):
+        raise Left(status)
+
+    monkeypatch.setattr(app.os, "_exit", leave)
+    monkeypatch.setattr(app.distributed, "lost", lambda: True)
+    with pytest.raises(Left) as left:
+        cli.entry()
+    assert left.value.args == (3,)
 
 
 @pytest.mark.slow

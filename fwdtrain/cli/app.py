@@ -28,9 +28,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import distributed
 from ..core.errors import CheckpointError
@@ -92,6 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         distributed.destroy_process_group(wait=EXIT_WAIT if status in (EXIT_OK, EXIT_INTERRUPTED) else None)
 
 
+def entry() -> NoReturn:
+    """``python -m fwdtrain`` and the ``fwdtrain`` script: exit with ``main``'s status. A rank whose group broke
+    (a peer killed or hung) leaves at once, its message printed: torch's teardown of a gloo context whose peer
+    is gone can abort the process ("terminate called without an active exception", SIGABRT) instead of
+    exiting with the status."""
+    status = main()
+    if distributed.lost():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 def _status(result: dict[str, Any]) -> int:
     if result["interrupted"]:
         return EXIT_INTERRUPTED
@@ -130,6 +144,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PLOT",
     "EXIT_USAGE",
+    "entry",
     "fail",
     "main",
 ]

@@ -51,6 +51,23 @@ class GroupError(RuntimeError):
         self.history = history
 
 
+_LOST = False  # a collective of this process failed: its gloo/nccl context is broken
+
+
+def lost() -> bool:
+    """Whether a collective of this process's group failed (a peer exited or hung). Its context is then
+    broken: ``destroy_process_group`` leaves it alone, and a process should exit without tearing it down
+    (``fwdtrain.cli.entry`` does), since torch's teardown of a broken gloo context can abort the process."""
+    return _LOST
+
+
+def _lost(message: str, error: BaseException, **details: Any) -> GroupError:
+    """The ``GroupError`` ("lost") of a failed collective, remembered by ``lost``."""
+    global _LOST
+    _LOST = True
+    return GroupError(f"{message} ({error})", reason="lost", **details)
+
+
 def is_initialized() -> bool:
     """Whether this process is in a torch.distributed process group."""
     return dist.is_available() and dist.is_initialized()
@@ -153,7 +170,7 @@ def destroy_process_group(*, wait: float | None = None) -> None:
     exits while another still works (e.g. rank 0 evaluating or plotting); a rank that is gone
     or late only ends the wait.
     """
-    if not is_initialized():
+    if not is_initialized() or _LOST:  # a broken context is left alone: its teardown can abort the process
         return
     if wait is not None and dist.get_world_size() > 1:
         try:
@@ -180,10 +197,10 @@ def all_reduce(tensor: torch.Tensor, what: str, step: int | None = None, state: 
     try:
         dist.all_reduce(tensor)
     except RuntimeError as error:
-        raise GroupError(
+        raise _lost(
             f"rank {rank()}: the all_reduce of {what} failed; another rank has probably failed, exited or "
-            f"hung past the process group's timeout. Check the other ranks' output. ({error})",
-            reason="lost",
+            f"hung past the process group's timeout. Check the other ranks' output.",
+            error,
             step=step,
             state=state,
         ) from error
@@ -193,8 +210,11 @@ def broadcast(tree: Any, src: int = 0) -> Any:
     """A copy of rank ``src``'s pytree of tensors on every rank (e.g. theta, to start from one model)."""
     copies = tree_map(lambda leaf: leaf.detach().clone(), tree)
     if is_initialized() and dist.get_world_size() > 1:
-        for leaf in leaves(copies):
-            dist.broadcast(leaf, src)
+        try:
+            for leaf in leaves(copies):
+                dist.broadcast(leaf, src)
+        except RuntimeError as error:
+            raise _lost(f"rank {rank()}: the broadcast from rank {src} failed", error) from error
     return copies
 
 
@@ -229,7 +249,7 @@ def gather_to_main(obj: Any) -> list[Any] | None:
     try:
         dist.gather_object(obj, gathered, dst=0)
     except RuntimeError as error:
-        raise GroupError(f"rank {rank()}: gathering objects on rank 0 failed ({error})", reason="lost") from error
+        raise _lost(f"rank {rank()}: gathering objects on rank 0 failed", error) from error
     return gathered
 
 
@@ -242,7 +262,7 @@ def scatter_from_main(objects: list[Any] | None) -> Any:
     try:
         dist.scatter_object_list(out, objects if is_main() else None, src=0)
     except RuntimeError as error:
-        raise GroupError(f"rank {rank()}: receiving objects from rank 0 failed ({error})", reason="lost") from error
+        raise _lost(f"rank {rank()}: receiving objects from rank 0 failed", error) from error
     return out[0]
 
 
@@ -259,6 +279,7 @@ __all__ = [
     "is_initialized",
     "is_main",
     "local_device",
+    "lost",
     "print_main",
     "rank",
     "require_group",
