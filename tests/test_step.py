@@ -166,3 +166,18 @@ def test_memory_is_flat_over_20000_steps():
     assert grown < 8 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 20,000 steps"
     assert len(gc.get_objects()) - objects0 < 1000
     assert state.x_tilde["k"].grad_fn is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_loops_clocks_round_as_the_steps_own_t_plus_dt(dtype):
+    """``steppers.clocks`` precomputes t_k for a block of compiled steps (their learning rates alpha(t_k)); each
+    must equal, bitwise, the clock the step itself reaches by adding dt k times in t's dtype."""
+    from fwdtrain.driver.steppers import clocks
+
+    generator = torch.Generator().manual_seed(0)
+    for shape, dt, count in [((), 0.01, 257), ((3,), 1 / 3, 100), ((2, 2), 7e-4, 64), ((), 0.05, 1)]:
+        t = (torch.rand(shape, generator=generator, dtype=torch.float64) * 1000).to(dtype)
+        rows = [t]
+        for _ in range(count - 1):
+            rows.append(rows[-1] + dt)
+        assert torch.equal(clocks(t, dt, count), torch.stack(rows))

@@ -85,12 +85,10 @@ def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
         for _ in range(count - 1):
             rows.append(rows[-1] + dt)
         return torch.stack(rows)
-    clock, step = t.detach().cpu().numpy().astype(kind).reshape(-1), kind(dt)
-    values = [clock]
-    for _ in range(count - 1):
-        clock = clock + step
-        values.append(clock)
-    return torch.from_numpy(np.stack(values)).to(t.device).reshape((count, *t.shape))
+    clock = t.detach().cpu().numpy().astype(kind).reshape(1, -1)
+    increments = np.concatenate([clock, np.full((count - 1, clock.shape[1]), dt, dtype=kind)])
+    values = np.add.accumulate(increments, axis=0)  # sequential: row k is row k-1 + dt, rounded in ``kind``
+    return torch.from_numpy(values).to(t.device).reshape((count, *t.shape))
 
 
 def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
