@@ -75,6 +75,25 @@ def one_noise_2d(dtype=torch.float64):
     return ft.SDE(drift, diffusion, cost), theta
 
 
+def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
+    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
+    sde = ft.SDE(
+        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
+    )
+    return ft.examples.Example(
+        "boom",
+        sde,
+        {"a": torch.tensor(1.0, dtype=dtype)},
+        torch.full((1,), 2.0, dtype=dtype),
+        particles,
+        dt,
+        steps,
+        ft.schedules.constant(lr),
+        {"cost": 1.0},
+        lambda theta: {"cost": 1.0},
+    )
+
+
 @pytest.fixture
 def lqr64():
     return ft.examples.lqr_1d(dtype=torch.float64, particles=4)

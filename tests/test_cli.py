@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import boom
 
 import fwdtrain as ft
 from fwdtrain import cli, examples, plotting
 from fwdtrain.cli import configure, parser
 from fwdtrain.cli import train as cli_train
-from fwdtrain.examples import Example, linear_slope
+from fwdtrain.examples import linear_slope
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,25 +25,6 @@ def tiny(*, particles=3, dt=0.01, steps=40, lr=0.5, seed=0, dtype=torch.float64)
         name="tiny",
         lr=ft.schedules.constant(lr),
         evaluate=lambda theta: {"slope": linear_slope(ex.sde.control, theta), "cost": 0.5},
-    )
-
-
-def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
-    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
-    sde = ft.SDE(
-        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
-    )
-    return Example(
-        "boom",
-        sde,
-        {"a": torch.tensor(1.0, dtype=dtype)},
-        torch.full((1,), 2.0, dtype=dtype),
-        particles,
-        dt,
-        steps,
-        ft.schedules.constant(lr),
-        {"cost": 1.0},
-        lambda theta: {"cost": 1.0},
     )
 
 

@@ -19,6 +19,7 @@ import time
 
 import pytest
 import torch
+from conftest import boom
 
 import fwdtrain as ft
 from fwdtrain import cli, plotting
@@ -402,27 +403,8 @@ def _cli_worker(folder: str, argv: list[str]):
     return code, out.getvalue()
 
 
-def _boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64):
-    """dX = a X^3 dt + dW from x = 2: non-finite within a few steps."""
-    sde = ft.SDE(
-        drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
-    )
-    return ft.examples.Example(
-        "boom",
-        sde,
-        {"a": torch.tensor(1.0, dtype=dtype)},
-        torch.full((1,), 2.0, dtype=dtype),
-        particles,
-        dt,
-        steps,
-        ft.schedules.constant(lr),
-        {"cost": 1.0},
-        lambda theta: {"cost": 1.0},
-    )
-
-
 def _cli_boom_worker(folder: str):
-    ft.examples.REGISTRY["boom"] = _boom
+    ft.examples.REGISTRY["boom"] = boom
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code, out = _cli_worker(folder, ["boom", "--no-plot", "--record-every", "2", "--checkpoint", "ck.pt"])

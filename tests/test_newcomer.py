@@ -5,7 +5,8 @@ import json
 
 import pytest
 import torch
-from test_cli import boom, tiny
+from conftest import boom
+from test_cli import tiny
 
 import fwdtrain as ft
 from fwdtrain import cli, examples, plotting
