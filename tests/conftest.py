@@ -1,7 +1,47 @@
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
 import fwdtrain as ft
+
+
+_MACHINE_CACHES = ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR")
+
+
+def pytest_configure(config):
+    """The caches a machine keeps between tests (inductor's builds, its instruction-set probe and headers;
+    matplotlib's configuration and font list) in one temporary folder of the session, set before any test
+    module is imported: the suite never reads or writes the user's ``~/.cache`` or ``~/.config``."""
+    root = Path(tempfile.mkdtemp(prefix="fwdtrain-tests-"))
+    config.stash[_ROOT] = (root, {name: os.environ.get(name) for name in _MACHINE_CACHES})
+    for name, folder in zip(_MACHINE_CACHES, ("xdg", "inductor", "matplotlib"), strict=True):
+        os.environ[name] = str(root / folder)
+
+
+def pytest_unconfigure(config):
+    root, saved = config.stash[_ROOT]
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(root, ignore_errors=True)
+
+
+_ROOT = pytest.StashKey[tuple]()
+
+
+@pytest.fixture(autouse=True)
+def own_cache_folder(tmp_path, monkeypatch):
+    """Every test its own fwdtrain cache folder (kernel packages, the compile record): no test sees what
+    another wrote, and none writes outside its temporary folder."""
+    folder = tmp_path / "fwdtrain-cache"
+    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(folder))
+    return folder
 
 
 def nonlinear_2d(dtype=torch.float64) -> tuple[ft.SDE, dict]:
