@@ -8,7 +8,6 @@ import torch
 
 import fwdtrain as ft
 
-
 _MACHINE_CACHES = ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR")
 
 
