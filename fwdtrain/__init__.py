@@ -18,7 +18,7 @@ from .core.solvers import Euler, Heun, Milstein
 
 # The pure step: state in, new state out
 from .core.state import State, init
-from .problems.cost import step, step_with_info
+from .problems.step import step, step_with_info, jit_step
 
 # Running: the loop and its options and hooks
 from .driver.runner import run
@@ -51,7 +51,7 @@ __version__ = "0.3.0"
 __all__ = [  # noqa: RUF022  (grouped by concept, as above)
     "SDE", "ControlledSDE", "functional", "mlp",
     "Euler", "Heun", "Milstein",
-    "State", "init", "step", "step_with_info",
+    "State", "init", "step", "step_with_info", "jit_step",
     "run", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
     "History", "save", "load", "stationary_cost",
     "DivergenceError", "CheckpointError",

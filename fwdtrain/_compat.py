@@ -73,6 +73,36 @@ def transform_of(value: Any) -> str | None:
     return None
 
 
+def transforms_active() -> bool:
+    """True inside any ``torch.func`` transform (vmap, grad, jacrev, jacfwd, vjp, jvp): one look at functorch's
+    interpreter stack, a fraction of a microsecond (no tensor inspected)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def top_transform_is_vmap() -> bool:
+    """True when the innermost active ``torch.func`` transform is ``vmap``."""
+    top = torch._C._functorch.peek_interpreter_stack()
+    return top is not None and top.key() == torch._C._functorch.TransformType.Vmap
+
+
+def vmap_level() -> int:
+    """The level of the innermost ``vmap`` (call only when ``top_transform_is_vmap()``)."""
+    return torch._C._functorch.peek_interpreter_stack().level()
+
+
+def unwrap_batched(value: torch.Tensor, level: int) -> tuple[torch.Tensor, int | None]:
+    """A tensor seen by ``vmap`` at ``level`` as (the tensor of every run, its batch dimension or None)."""
+    if not torch._C._functorch.is_batchedtensor(value):
+        return value, None
+    tensor, dim = torch._C._functorch._unwrap_batched(value, level)
+    return tensor, dim
+
+
+def add_batch_dim(tensor: torch.Tensor, dim: int, level: int) -> torch.Tensor:
+    """``tensor``'s dimension ``dim`` as the batch dimension of ``vmap`` at ``level`` (the inverse of unwrapping)."""
+    return torch._C._functorch._add_batch_dim(tensor, dim, level)
+
+
 def is_fake(value: Any) -> bool:
     """True for a tensor without data (a fake or meta tensor, as ``make_fx`` traces with)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -170,13 +200,18 @@ def aot_load(path: str, device: torch.device) -> Callable[[list[torch.Tensor]], 
 
 __all__ = [
     "DYNAMO_TRACES_FORWARD_MODE",
+    "add_batch_dim",
     "aot_compile",
     "aot_load",
     "is_fake",
     "is_wrapped",
     "record_probe",
     "skip_known_probe",
+    "top_transform_is_vmap",
     "tracing",
     "transform_of",
+    "transforms_active",
+    "unwrap_batched",
     "use_cache_folders",
+    "vmap_level",
 ]

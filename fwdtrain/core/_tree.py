@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,16 @@ def leaves(tree: PyTree) -> list[Any]:
     return optree.tree_leaves(tree)
 
 
+def flatten(tree: PyTree) -> tuple[list[Any], Any]:
+    """(leaves, spec) of a pytree (``optree.tree_flatten``)."""
+    return optree.tree_flatten(tree)
+
+
+def unflatten(spec: Any, values: list[Any]) -> Any:
+    """The pytree of ``spec`` with ``values`` as its leaves."""
+    return optree.tree_unflatten(spec, values)
+
+
 def leaves_with_paths(tree: PyTree) -> list[tuple[str, Any]]:
     """(readable path, leaf) pairs, e.g. ``("['0.weight']", tensor)``."""
     paths, values, _ = optree.tree_flatten_with_path(tree)
@@ -31,6 +42,15 @@ def leaves_with_paths(tree: PyTree) -> list[tuple[str, Any]]:
 def size(tree: PyTree) -> int:
     """Total number of scalars p in a pytree of tensors."""
     return sum(leaf.numel() for leaf in leaves(tree))
+
+
+def dot(a: torch.Tensor, b: torch.Tensor, dims: int = 1) -> torch.Tensor:
+    """``torch.tensordot(a, b, dims)`` (a's last ``dims`` axes against b's first) as one matrix product of
+    reshaped views: the ATen work of tensordot without its Python wrapper (15 us a call, eagerly)."""
+    outer_a, outer_b = a.shape[: a.ndim - dims], b.shape[dims:]
+    k = math.prod(a.shape[a.ndim - dims :])
+    product = a.reshape(math.prod(outer_a), k) @ b.reshape(k, math.prod(outer_b))
+    return product.reshape(outer_a + outer_b)
 
 
 def contract(x_tilde: PyTree, direction: PyTree) -> torch.Tensor:

@@ -42,7 +42,7 @@ import torch
 from torch.func import jacfwd, vjp, vmap
 
 from .. import _compat as compat
-from ._tree import contract, tree_map
+from ._tree import contract, dot, flatten, tree_map, unflatten
 
 Theta = Any  # a pytree (dict, list, tuple, NamedTuple) of tensors
 Terms = dict[str, torch.Tensor]  # named coefficients of one particle (or of N particles, each with a leading N)
@@ -109,6 +109,8 @@ def reverse_jacobian(
         outputs, aux = fn(*args_)
         return torch.cat([out.reshape(-1) for out in outputs]), (outputs, aux)
 
+    if not (compat.transforms_active() or compat.tracing()):
+        return _reverse_jacobian_eager(fn, *args)
     y, pullback, (outputs, aux) = vjp(flat, *args, has_aux=True)  # type: ignore[misc]  # torch's stub lacks has_aux
     basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)
     if y.numel() <= UNROLLED_ROWS:
@@ -123,6 +125,43 @@ def reverse_jacobian(
         for i, out in enumerate(outputs)
     )
     return jacobians, aux
+
+
+def _or_zeros(gradient: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if gradient is None else gradient
+
+
+def _reverse_jacobian_eager(
+    fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
+) -> tuple[tuple[tuple[Any, ...], ...], Any]:
+    """``reverse_jacobian`` outside every transform and trace: the same pullbacks, taken by ``torch.autograd``
+    on detached copies of the arguments (a third of the cost of ``vjp``'s wrapping at one particle, where the
+    Python around a few small kernels is the step's cost). Nothing it returns has a ``grad_fn``."""
+    leaves, spec = flatten(args)
+    with torch.enable_grad():
+        inputs = [leaf.detach().requires_grad_() for leaf in leaves]
+        outputs, aux = fn(*unflatten(spec, inputs))
+        y = torch.cat([out.reshape(-1) for out in outputs])
+        count = y.numel()
+        basis = torch.eye(count, dtype=y.dtype, device=y.device)
+        rows = [
+            torch.autograd.grad(y, inputs, e, retain_graph=i < count - 1, allow_unused=True)
+            if y.requires_grad
+            else (None,) * len(inputs)
+            for i, e in enumerate(basis)
+        ]
+    per_input = [torch.stack([_or_zeros(row[j], leaf) for row in rows]) for j, leaf in enumerate(leaves)]
+    per_arg = unflatten(spec, per_input)
+    sizes = [out.numel() for out in outputs]
+    jacobians = tuple(
+        tuple(
+            tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), arg_rows)
+            for arg_rows in per_arg
+        )
+        for i, out in enumerate(outputs)
+    )
+    detach = lambda tree: tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
+    return jacobians, detach(aux)
 
 
 def linearise_generic(
@@ -141,7 +180,7 @@ def linearise_generic(
 
         jacobians, value = reverse_jacobian(evaluate, theta, x)
         total = {
-            name: tree_map(lambda h_theta, xt: h_theta + torch.tensordot(h_x, xt, dims=1), h_theta_tree, x_tilde)
+            name: tree_map(lambda h_theta, xt: h_theta + dot(h_x, xt), h_theta_tree, x_tilde)
             for name, (h_theta_tree, h_x) in zip(names, jacobians, strict=True)
         }
         return value, total
@@ -174,7 +213,7 @@ def control_sensitivity(
             return (u,), u
 
         ((u_theta, u_x),), u = reverse_jacobian(evaluate, theta, x)
-        return u, tree_map(lambda ut, xt: ut + torch.tensordot(u_x, xt, dims=1), u_theta, x_tilde)
+        return u, tree_map(lambda ut, xt: ut + dot(u_x, xt), u_theta, x_tilde)
 
     def along_sensitivity(theta_prime: Theta) -> tuple[torch.Tensor, torch.Tensor]:
         shift = tree_map(torch.sub, theta_prime, theta)
@@ -204,9 +243,7 @@ def linearise_structured(
 
     jacobians, value = reverse_jacobian(evaluate, x, u)
     total = {
-        name: tree_map(
-            lambda xt, du: torch.tensordot(h_x, xt, dims=1) + torch.tensordot(h_u, du, dims=u.ndim), x_tilde, d_u
-        )
+        name: tree_map(lambda xt, du: dot(h_x, xt) + dot(h_u, du, u.ndim), x_tilde, d_u)
         for name, (h_x, h_u) in zip(names, jacobians, strict=True)
     }
     return value, total

@@ -4,9 +4,8 @@
     theta_{n+1}           = theta_n - alpha(t_n) h mean_i D c(X_n^i)        (or a ``fwdtrain.optim`` rule)
     t_{n+1}               = t_n + h
 
-``CostForm(sde, solver, optimizer)`` is the ``Trainable`` that ``run`` makes of an SDE.
-``step`` and ``step_with_info`` validate their inputs, resolve the derivative mode and take one
-step (eager, or compiled with ``compile=True``).
+``CostForm(sde, solver, optimizer)`` is the ``Trainable`` that ``run`` makes of an SDE; the checks
+here are those of the public step (``fwdtrain.problems.step``).
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from typing import Any
 import torch
 from torch.func import vmap
 
-from ..compile.kernels import function_kernel
-from ..compile.options import Compile
 from ..core import _checks
 from ..core._tree import leaves
-from ..core.kernel import LearningRate, StepInfo, learning_rate, propagate
+from ..core.kernel import StepInfo, propagate
 from ..core.problem import SDE
-from ..core.sensitivity import Mode, Plan
-from ..core.solvers import EULER, Solver, as_solver
+from ..core.sensitivity import Plan
+from ..core.solvers import EULER, Solver
 from ..core.state import State, evaluate_once, noise_dim
 from ..optim import GradientTransformation, check_average, check_opt_state
 from .trainable import Trainable
@@ -165,110 +162,6 @@ def as_trainable(
     return problem.configure(solver, optimizer)
 
 
-def step_with_info(
-    sde: SDE,
-    state: State,
-    dw: torch.Tensor,
-    dt: Any,
-    lr: LearningRate,
-    *,
-    solver: Solver | str | None = None,
-    optimizer: GradientTransformation | None = None,
-    mode: Mode = "auto",
-    compile: bool = False,
-) -> tuple[State, StepInfo]:
-    """``step``, also returning the step's diagnostics at time n.
-
-    Args:
-        sde: The problem; the other arguments are those of ``fwdtrain.step``.
-        state: The current ``State``.
-        dw: Brownian increments, shape (N, m).
-        dt: The step h > 0.
-        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
-        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
-        optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
-        mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
-        compile: Take the step through a compiled kernel.
-
-    Returns:
-        ``(new_state, StepInfo(cost, gradient))``: cost = (1/N) sum_i c(X_n^i, theta_n), 0-d, and
-        gradient = G_n = (1/N) sum_i D c(X_n^i), a pytree like theta, the estimate the update used.
-
-    Raises:
-        TypeError, ValueError: As ``fwdtrain.step``.
-    """
-    problem = CostForm(sde, as_solver(solver), optimizer)
-    check_step_inputs(sde, state, dw, dt, lr, optimizer)
-    check_fit(sde, state)
-    alpha = learning_rate(lr, state.t)
-    _checks.check_alpha(alpha, state.t, lr)
-    try:
-        check_solver(problem.solver, sde, state.theta, state.x[0])
-        plan = problem.plan(state, mode)
-        if not compile or not all(_checks.is_concrete(leaf) for leaf in leaves((state, dw, alpha))):
-            return problem.advance(state, dw, dt, alpha, plan)  # eager; also inside the user's transform
-    except Exception as error:
-        explain_failure(sde, state, error)
-        raise
-    alpha = torch.as_tensor(alpha, dtype=state.t.dtype, device=state.t.device)  # data, not a constant
-    kernel = function_kernel(
-        lambda s, d, a: problem.advance(s, d, dt, a, plan),
-        (state, dw, alpha),
-        key=(problem, plan, float(dt), "advance"),
-        options=Compile(True),
-        what="the step",
-    )
-    return kernel(state, dw, alpha)
-
-
-def step(
-    sde: SDE,
-    state: State,
-    dw: torch.Tensor,
-    dt: Any,
-    lr: LearningRate,
-    *,
-    solver: Solver | str | None = None,
-    optimizer: GradientTransformation | None = None,
-    mode: Mode = "auto",
-    compile: bool = False,
-) -> State:
-    """One pure step of the forward-propagation algorithm: (X, Xtilde, theta, t) at n -> n + 1.
-
-        X_{n+1}, Xtilde_{n+1} = the solver's step and its exact sensitivity
-        theta_{n+1}           = theta_n - alpha(t_n) h G_n,   G_n = (1/N) sum_i (c_x Xtilde_n^i + c_theta)
-        t_{n+1}               = t_n + h
-
-    every right-hand side at time n (with an update rule: theta_{n+1} = theta_n + s_n of the rule).
-    ``step`` is pure and composes with ``torch.func`` (grad, jacrev, jacfwd, vjp, jvp, vmap) in all its
-    tensor inputs. Structure checks always run; value checks only on concrete tensors.
-
-    Args:
-        sde: The problem (``SDE`` or ``ControlledSDE``).
-        state: The current ``State``; never modified.
-        dw: Brownian increments W_{n+1} - W_n, shape (N, m), variance dt each.
-        dt: The step h > 0.
-        lr: The learning rate alpha: a number, a 0-d tensor or a schedule t -> alpha(t); alpha(t_n)
-            must be one finite number >= 0.
-        solver: ``fwdtrain.Euler()`` (default), ``Heun()`` or ``Milstein()`` (or their names).
-        optimizer: The ``fwdtrain.optim`` rule whose state is ``state.opt_state`` (from
-            ``init(..., optimizer=...)``); None: theta_{n+1} = theta_n - alpha h G_n.
-        mode: "reverse" (vjp), "forward" (jacfwd) or "auto" (the one with fewer passes).
-        compile: Take the step through a compiled kernel (the first call per problem and shapes traces and
-            compiles it, or loads it from disk; later calls reuse it). Inside the user's transform the
-            step runs eagerly.
-
-    Returns:
-        The new ``State``; no tensor in it requires grad or has a grad_fn.
-
-    Raises:
-        TypeError, ValueError: For inputs the step cannot use (shapes, dtypes, a state of another SDE or
-            rule, non-finite or negative learning rates, a noise the solver does not take), before any
-            computation.
-    """
-    return step_with_info(sde, state, dw, dt, lr, solver=solver, optimizer=optimizer, mode=mode, compile=compile)[0]
-
-
 __all__ = [
     "CostForm",
     "as_trainable",
@@ -278,6 +171,4 @@ __all__ = [
     "check_training_state",
     "explain_failure",
     "nonfinite_part",
-    "step",
-    "step_with_info",
 ]
