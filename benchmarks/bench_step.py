@@ -1,5 +1,8 @@
-"""Particle-steps per second in the steady state, through ``fwdtrain.run`` called again and again as a user
-continues a run, against the seed's stateful loop and two JAX programs, side by side in one process.
+"""Particle-steps per second in the steady state, through the user's own loop over ``fwdtrain.step`` and through
+``fwdtrain.run`` called again and again as a user continues a run, against the seed's stateful loop and JAX
+programs, side by side in one process.
+
+    python -m benchmarks.bench_step --only "user loop"   # the user's loop over the step alone (~2 min)
 
     python -m benchmarks.bench_step            # full run (~25 min on a 2-core CPU)
     python -m benchmarks.bench_step --quick    # tiny sizes, seconds (compiles through torch.compile's "eager")
@@ -19,6 +22,7 @@ benchmarks/results/bench_step.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import optree
 import torch
 
 import fwdtrain as ft
@@ -213,6 +218,123 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
+def user_loop_variants(steps: int, quick: bool) -> list[Variant]:
+    """The research-code path on the seed problem (N = 1, float32, constant lr 0.5): a Python loop over
+    ``ft.step`` eager, ``ft.step(compile=True)``, the prepared ``ft.jit_step``, the user's ``vmap`` over 8 runs
+    of the compiled step, and a JAX ``jit(step)`` loop; the noise of each step drawn in the loop."""
+    problem = problems.lqr("lqr-1d")
+    sde, dt, lr = problem.sde, problem.dt, problem.lr
+    compile_option = ft.Compile(True, route="dynamo", backend="eager") if quick else True
+    generator = torch.Generator().manual_seed(0)
+    scale = dt**0.5
+
+    def loop(one_step: Callable[[Any, torch.Tensor], Any], start: Any, shape: tuple[int, ...]) -> Callable[[], None]:
+        box = [start]
+
+        def segment() -> None:
+            state = box[0]
+            for _ in range(steps):
+                state = one_step(state, torch.randn(shape, generator=generator) * scale)
+            box[0] = state
+
+        return segment
+
+    start = ft.init(sde, problem.theta, problem.x0, 1)
+    fast = ft.jit_step(sde, compile=compile_option)
+    runs = 8
+    stacked = optree.tree_map(lambda leaf: torch.stack([leaf] * runs), start)
+    compiled_step = functools.partial(ft.step, compile=compile_option)
+    vmapped = torch.func.vmap(lambda s, w: compiled_step(sde, s, w, dt, lr))
+    variants = [
+        ("seed loop", seed_variant(steps).segment, 1),
+        ("ft.step eager", loop(lambda s, w: ft.step(sde, s, w, dt, lr), start, (1, 1)), 1),
+        (
+            "ft.step compile=True",
+            loop(lambda s, w: ft.step(sde, s, w, dt, lr, compile=compile_option), start, (1, 1)),
+            1,
+        ),
+        ("ft.jit_step", loop(lambda s, w: fast(s, w, dt, lr), start, (1, 1)), 1),
+        ("vmap(ft.step) 8 runs", loop(vmapped, stacked, (runs, 1, 1)), runs),
+    ]
+    out = []
+    for name, segment, count in variants:
+        before = kernels.counts()
+        _, first = _timed(segment)
+        built = {k: v - before.get(k, 0) for k, v in kernels.counts().items() if v != before.get(k, 0)}
+        print(f"  {name}: first segment {first:.1f} s {built or ''}", flush=True)
+        out.append(Variant(name, segment, steps, count, first))
+    return out + jax_step_variant(problem, steps)
+
+
+def jax_step_variant(problem: problems.Problem, steps: int) -> list[Variant]:
+    """A JAX user's loop: ``jax.jit`` of one hand-written step (``jax_hand.make_step``), called per step."""
+    try:
+        import jax
+
+        from . import jax_hand
+    except ImportError:
+        return []
+    theta = {k: v.numpy() for k, v in problem.theta.items()}
+    jitted = jax.jit(jax_hand.make_step(problem.dt, lambda t: problem.lr))
+    box = [jax_hand.init(theta, float(problem.x0[0]), 1), jax.random.PRNGKey(0)]
+    scale = problem.dt**0.5
+
+    def segment() -> None:
+        state, key = box
+        key, sub = jax.random.split(key)
+        noise = (
+            jax.random.normal(sub, (steps, 1)) * scale
+        )  # drawn per segment: a per-step draw costs more than the step
+        for i in range(steps):
+            state, cost = jitted(state, noise[i])
+        jax.block_until_ready(cost)
+        box[:] = [state, key]
+
+    _, first = _timed(segment)
+    return [Variant("jax jit(step) loop", segment, steps, 1, first)]
+
+
+def run_user_loop(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Issue 25's rows: the user's own loop over the step, side by side; ratios to the seed loop and to JAX."""
+    print("[user loop: lqr-1d N=1]", flush=True)
+    steps = 32 if args.quick else 1_000
+    results = measure(user_loop_variants(steps, args.quick), args.repeats or (3 if args.quick else 5))
+    seed = results["seed loop"]["particle_steps_per_s"]
+    jax_rate = results.get("jax jit(step) loop", {}).get("particle_steps_per_s")
+    rows = []
+    for variant, r in results.items():
+        rate = r["particle_steps_per_s"]
+        rows.append(
+            {
+                "work": "user loop N=1",
+                "problem": "lqr-1d",
+                "particles": 1,
+                "variant": variant,
+                **r,
+                "vs_seed": rate / seed if variant != "seed loop" else None,
+                "vs_jax": rate / jax_rate if jax_rate else None,
+            }
+        )
+    return rows
+
+
+USER_TARGETS = {"ft.step compile=True": 3.0, "ft.jit_step": 3.0, "ft.step eager": 0.5, "vmap(ft.step) 8 runs": 1.0}
+
+
+def print_user_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 25's targets for the user's loop, in run-steps/s against the seed loop."""
+    out = []
+    for row in rows:
+        target = USER_TARGETS.get(row["variant"])
+        if row["work"] != "user loop N=1" or target is None:
+            continue
+        met = row["vs_seed"] >= target
+        out.append({"variant": row["variant"], "vs_seed": row["vs_seed"], "target": target, "met": met})
+        verdict = "met" if met else "MISSED"
+        print(f"target user loop, {row['variant']}: {row['vs_seed']:.2f}x the seed loop, >= {target:g}x: {verdict}")
+    return out
+
+
 TARGETS = {1: 1.0, 100: 1.0, 10_000: 5.0}  # issue 18: compiled particle-steps/s over the hand JAX program's
 
 
@@ -241,13 +363,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="threads for torch and XLA (1 on a busy machine)")
     parser.add_argument("--unroll", type=int, default=4, help="K of the 'fwdtrain unroll=K' rows (1: none)")
-    parser.add_argument("--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 '")
+    parser.add_argument(
+        "--only", default=None, help="run only work sizes whose label contains this, e.g. 'N=100 ', or 'user loop'"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_step.json")
     args = parser.parse_args(argv)
     args.segment = args.segment or (64 if args.quick else 2048)
     _set_threads(args.threads)
     before = machine.describe()
     rows: list[dict[str, Any]] = []
+    if not args.only or args.only in "user loop":
+        rows += run_user_loop(args)
     for name, particles in work_sizes(args.quick):
         if args.only and args.only not in f"{name} N={particles} ":
             continue
@@ -257,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(machine.caption(before, after))
     print_table(rows)
     print()
-    targets = [] if args.quick else print_targets(rows)
+    targets = [] if args.quick else print_user_targets(rows) + print_targets(rows)
     print()
     peaks = roofline.machine_peaks(quick=args.quick)
     out = {
