@@ -259,27 +259,33 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1)
     return _Package(module, example, key, options, traced.nodes), carry_spec
 
 
-class LoopKernel:
-    """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
+class Kernel:
+    """A pure function compiled: its AOTInductor package, or ``torch.compile`` where tracing fails, or eager.
 
-    Built in two stages, so that ``compile="auto"`` can look before it pays: construction traces the step
-    and names its package (``warm``: on disk already; ``nodes``: the graph's size); the first call loads
-    the package or compiles it.
+    Written once for both kinds: the fallback (one warning line, then ``torch.compile``), the first call of a
+    package loaded from disk checked against the eager function (``Compile.verify``; a package that is off
+    is set aside and rebuilt), and the call on flat leaves. A subclass says how its function is traced
+    (``_trace``: the package and the output's pytree spec) and how it is called; ``compilable`` is what the
+    ``torch.compile`` route compiles (the step of a loop, the function itself).
     """
 
-    def __init__(self, step: graphs.StepFn, carry: Any, inputs: Any, options: Compile, what: str) -> None:
-        self.step, self.what, self.options = step, what, options
+    def __init__(self, compilable: Callable[..., Any], options: Compile, what: str, *example: Any) -> None:
+        self.compilable, self.what, self.options = compilable, what, options
         self.package: _Package | None = None
-        self.compiled_step: Callable | None = None
+        self.compiled: Callable | None = None
+        self.out_spec: Any = None
         self.checked = not options.verify
         if options.route == "aot":
             try:
-                self.package, self.carry_spec = _loop_package(step, carry, inputs, options.unroll)
+                self.package, self.out_spec = self._trace(*example)
                 return
             except Exception as error:
                 self._fall_back(error)
                 return
-        self.compiled_step = _DynamoOrEager(step, options, what)
+        self.compiled = _DynamoOrEager(compilable, options, what)
+
+    def _trace(self, *example: Any) -> tuple[_Package, Any]:
+        raise NotImplementedError
 
     @property
     def warm(self) -> bool:
@@ -298,74 +304,30 @@ class LoopKernel:
         _COUNTS["fallbacks"] += 1
         _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
         self.package = None
-        self.compiled_step = _DynamoOrEager(self.step, self.options, self.what)
+        self.compiled = _DynamoOrEager(self.compilable, self.options, self.what)
 
-    def __call__(self, count: int, start: int, inputs: Any, carry: Any) -> Any:
-        if not (_concrete(inputs) and _concrete(carry)):  # inside the user's torch.func transform
-            return graphs.run_steps(self.step, count, start, inputs, carry)
-        if self.package is not None:
-            try:
-                run = self.package.ready()
-            except Exception as error:
-                self._fall_back(error)
-            else:
-                if not self.checked:
-                    run = self._check(run, start, inputs, carry)
-                flat = [
-                    torch.tensor(count),
-                    torch.tensor(start),
-                    *optree.tree_leaves(inputs),
-                    *optree.tree_leaves(carry),
-                ]
-                return optree.tree_unflatten(self.carry_spec, run(self.package.fits(flat)))
-        return graphs.run_steps(self.compiled_step or self.step, count, start, inputs, carry)
-
-    def _check(self, run: Callable, start: int, inputs: Any, carry: Any) -> Callable:
-        """One step of a kernel loaded from disk against one eager step; rebuilt (with a warning) if off."""
-        self.checked = True
-        assert self.package is not None
-        if not self.package.loaded_from_disk:
-            return run
-        flat = [torch.tensor(1), torch.tensor(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
-        expected = optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
-        if _close(run(self.package.fits(flat)), expected):
-            return run
-        _warn(
-            f"the compiled kernel {self.package.path.name} on disk does not reproduce the eager step of "
-            f"{self.what}; rebuilding it"
-        )
-        self.package.set_aside()
-        return self.package.ready()
-
-
-class FunctionKernel:
-    """``fn(*args)`` compiled: the AOTInductor package of its traced graph, or ``torch.compile``."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple, options: Compile, what: str) -> None:
-        self.fn, self.what, self.options = fn, what, options
-        self.package: _Package | None = None
-        self.compiled: Callable | None = None
-        self.checked = not options.verify
-        if options.route == "aot":
-            try:
-                traced = graphs.trace(fn, args)
-                _COUNTS["traces"] += 1
-                example: list[torch.Tensor] = optree.tree_leaves(args)  # type: ignore[arg-type]
-                values = inductor_options(args)
-                key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
-                self.package = _Package(traced.graph, example, key, values, traced.nodes)
-                self.out_spec = traced.out_spec
-                return
-            except Exception as error:
-                self._fall_back(error)
-                return
-        self.compiled = _DynamoOrEager(fn, options, what)
-
-    def _fall_back(self, error: BaseException) -> None:
-        _COUNTS["fallbacks"] += 1
-        _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
-        self.package = None
-        self.compiled = _DynamoOrEager(self.fn, self.options, self.what)
+    def _run(self, flat: list[torch.Tensor], probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]) -> Any | None:
+        """The package's outputs on ``flat`` (unflattened); None when there is no package (call ``compiled``).
+        ``probe()`` gives (flat inputs, the eager function's output leaves) to check a package loaded from disk."""
+        if self.package is None:
+            return None
+        try:
+            run = self.package.ready()
+        except Exception as error:
+            self._fall_back(error)
+            return None
+        if not self.checked:
+            self.checked = True
+            if self.package.loaded_from_disk:
+                inputs, expected = probe()
+                if not _close(run(self.package.fits(inputs)), expected):
+                    _warn(
+                        f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
+                        f"rebuilding it"
+                    )
+                    self.package.set_aside()
+                    run = self.package.ready()
+        return optree.tree_unflatten(self.out_spec, run(self.package.fits(flat)))
 
     def flat_runner(self, flat: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
         """The loaded package's ``run`` on flat leaves, for a caller that has checked its inputs' layout once: given
@@ -378,27 +340,59 @@ class FunctionKernel:
             return None
         return package.run
 
+
+class LoopKernel(Kernel):
+    """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
+
+    Built in two stages, so that ``compile="auto"`` can look before it pays: construction traces the step
+    and names its package (``warm``: on disk already; ``nodes``: the graph's size); the first call loads
+    the package or compiles it. A package from disk is checked by one step.
+    """
+
+    def __init__(self, step: graphs.StepFn, carry: Any, inputs: Any, options: Compile, what: str) -> None:
+        self.step = step
+        super().__init__(step, options, what, carry, inputs)
+
+    def _trace(self, carry: Any, inputs: Any) -> tuple[_Package, Any]:
+        return _loop_package(self.step, carry, inputs, self.options.unroll)
+
+    def __call__(self, count: int, start: int, inputs: Any, carry: Any) -> Any:
+        if not (_concrete(inputs) and _concrete(carry)):  # inside the user's torch.func transform
+            return graphs.run_steps(self.step, count, start, inputs, carry)
+
+        def flat(steps: int) -> list[torch.Tensor]:
+            return [torch.tensor(steps), torch.tensor(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+
+        def one_step() -> tuple[list[torch.Tensor], list[Any]]:
+            return flat(1), optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
+
+        out = self._run(flat(count), one_step)
+        if out is not None:
+            return out
+        return graphs.run_steps(self.compiled or self.step, count, start, inputs, carry)
+
+
+class FunctionKernel(Kernel):
+    """``fn(*args)`` compiled: the AOTInductor package of its traced graph, or ``torch.compile``."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, options: Compile, what: str) -> None:
+        self.fn = fn
+        super().__init__(fn, options, what, *args)
+
+    def _trace(self, *args: Any) -> tuple[_Package, Any]:
+        traced = graphs.trace(self.fn, args)
+        _COUNTS["traces"] += 1
+        example: list[torch.Tensor] = optree.tree_leaves(args)  # type: ignore[arg-type]
+        values = inductor_options(args)
+        key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
+        return _Package(traced.graph, example, key, values, traced.nodes), traced.out_spec
+
     def __call__(self, *args: Any) -> Any:
         if not _concrete(args):
             return self.fn(*args)
-        if self.package is not None:
-            try:
-                run = self.package.ready()
-            except Exception as error:
-                self._fall_back(error)
-            else:
-                out = optree.tree_unflatten(self.out_spec, run(self.package.fits(_leaves(args))))
-                if self.checked:
-                    return out
-                self.checked = True
-                if not self.package.loaded_from_disk or _close(out, self.fn(*args)):
-                    return out
-                _warn(
-                    f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
-                    f"rebuilding it"
-                )
-                self.package.set_aside()
-                return optree.tree_unflatten(self.out_spec, self.package.ready()(_leaves(args)))
+        out = self._run(_leaves(args), lambda: (_leaves(args), optree.tree_leaves(self.fn(*args))))
+        if out is not None:
+            return out
         assert self.compiled is not None
         return self.compiled(*args)
 
@@ -461,6 +455,7 @@ def function_kernel(
 __all__ = [
     "SINGLE_THREAD_BELOW",
     "FunctionKernel",
+    "Kernel",
     "LoopKernel",
     "clear",
     "counts",
