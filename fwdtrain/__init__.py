@@ -18,7 +18,7 @@ from .core.solvers import Euler, Heun, Milstein
 
 # The pure step: state in, new state out
 from .core.state import State, init
-from .problems.step import step, step_with_info, jit_step
+from .problems.prepared import step, step_with_info, jit_step
 
 # Running: the loop and its options and hooks
 from .driver.runner import run

@@ -258,7 +258,7 @@ def test_no_public_callable_takes_more_than_12_parameters():
     assert wide == []
 
 
-def test_the_public_face_is_at_most_30_names_and_every_one_exists():
-    assert len(fwdtrain.__all__) <= 30
+def test_the_public_face_is_at_most_35_names_and_every_one_exists():
+    assert len(fwdtrain.__all__) <= 35
     assert len(set(fwdtrain.__all__)) == len(fwdtrain.__all__)
     assert all(hasattr(fwdtrain, name) for name in fwdtrain.__all__)

@@ -168,7 +168,7 @@ def test_the_compiled_step_under_the_users_vmap_is_one_batched_kernel_equal_to_a
     before = event_counts()
     for dw in increments[1:]:
         out = batched(out, dw, rates)
-    assert event_counts() == before and len(fast._batched) == 1  # one batched kernel, built once
+    assert event_counts() == before and len(fast.batched_kernels) == 1  # one batched kernel, built once
     for r in range(runs):
         state = start
         for dw in increments:
@@ -195,3 +195,21 @@ def test_the_aot_route_calls_the_loaded_kernel_on_flat_leaves_and_equals_the_eag
     assert event_counts() == before and fast.preparations == 1
     assert_trees_close(compiled, eager)
     assert all(leaf.grad_fn is None for leaf in leaves(compiled))
+
+
+def test_a_vmap_inside_the_users_jacfwd_runs_the_eager_step_and_is_the_derivative():
+    """vmap nested in jacfwd: the compiled step cannot be differentiated, so it runs eagerly, and equals the eager
+    step's derivative."""
+    ex, start = problem(particles=2)
+    increments = noise(2, particles=2, runs=3)
+    runs = tree_map(lambda leaf: torch.stack([leaf] * 3), start)
+
+    def final_x(weight, compile):
+        def one(state, dw):
+            state = state._replace(theta={**state.theta, "weight1": weight})
+            return ft.step(ex.sde, state, dw, DT, 0.2, compile=compile).x
+
+        return vmap(one)(runs, increments[0])
+
+    weight = start.theta["weight1"]
+    torch.testing.assert_close(jacfwd(final_x)(weight, QUICK), jacfwd(final_x)(weight, False), rtol=0, atol=0)

@@ -1,7 +1,7 @@
 """What is trained: the ``Trainable`` interface and the problems that implement it.
 
 - ``cost``: an ``SDE`` trained on its own running cost (``CostForm``) and its checks;
-- ``step``: the public pure step, ``step``, ``step_with_info`` and the prepared ``jit_step``
+- ``prepared``: the public pure step, ``step``, ``step_with_info`` and the prepared ``jit_step``
   (``vmapped``: the compiled step under the user's ``vmap``);
 - ``calibration``: objectives nonlinear in stationary expectations;
 - ``sgdct``: online drift estimation from observed paths;
@@ -12,7 +12,7 @@ Problems never import the loop: ``fwdtrain.run`` trains each of them.
 
 from . import calibration, cost, ensemble, sgdct, trainable
 from .cost import CostForm, as_trainable
-from .step import JitStep, jit_step, step, step_with_info
+from .prepared import JitStep, jit_step, step, step_with_info
 from .trainable import Trainable
 
 __all__ = [

@@ -5,7 +5,7 @@
     t_{n+1}               = t_n + h
 
 ``CostForm(sde, solver, optimizer)`` is the ``Trainable`` that ``run`` makes of an SDE; the checks
-here are those of the public step (``fwdtrain.problems.step``).
+here are those of the public step (``fwdtrain.problems.prepared``).
 """
 
 from __future__ import annotations

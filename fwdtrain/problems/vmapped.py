@@ -11,20 +11,31 @@ call). Nested transforms (``vmap`` inside ``grad``, two ``vmap``s) run the eager
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.func import vmap
 
 from .. import _compat
 from ..compile.kernels import function_kernel
+from ..compile.options import Compile
 from ..core import _checks
 from ..core._tree import flatten, tree_map, unflatten
 from ..core.kernel import LearningRate, StepInfo, learning_rate
 from ..core.state import State
+from .cost import CostForm
 
-if TYPE_CHECKING:
-    from .step import JitStep
+
+class PreparedStep(Protocol):
+    """What the batched call needs of a prepared step (``prepared.JitStep``)."""
+
+    problem: CostForm
+    options: Compile
+    batched_kernels: dict[Hashable, Any]
+
+    def prepare(self, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate) -> Any: ...
+
+    def eager(self, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]: ...
 
 
 def _runs_first(tensor: torch.Tensor, dim: int | None, runs: int) -> torch.Tensor:
@@ -34,7 +45,7 @@ def _runs_first(tensor: torch.Tensor, dim: int | None, runs: int) -> torch.Tenso
     return tensor.movedim(dim, 0).contiguous()
 
 
-def batched_call(jit: JitStep, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
+def batched_call(jit: PreparedStep, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
     """``jit.with_info`` of every run of the innermost ``vmap`` in one compiled kernel (see the module docstring)."""
     level = _compat.vmap_level()
     alpha = learning_rate(lr, state.t)
@@ -51,10 +62,10 @@ def batched_call(jit: JitStep, state: State, dw: Any, dt: Any, lr: LearningRate)
     one_run = [tensor[0] for tensor in stacked]
     state_1, dw_1, _ = unflatten(spec, one_run)
     key = (spec, float(dt), runs, tuple((t.shape, t.dtype, t.device) for t in stacked))
-    entry = jit._batched.get(key)
+    entry = jit.batched_kernels.get(key)
     if entry is None:
         plan = jit.prepare(state_1, dw_1, dt, lr)
-        entry = jit._batched[key] = _batched_kernel(jit, plan, float(dt), unflatten(spec, stacked))
+        entry = jit.batched_kernels[key] = _batched_kernel(jit, plan, float(dt), unflatten(spec, stacked))
     alphas = stacked[-1]
     if not bool((torch.isfinite(alphas) & (alphas >= 0)).all()):
         bad = int((~(torch.isfinite(alphas) & (alphas >= 0))).nonzero()[0])
@@ -63,11 +74,11 @@ def batched_call(jit: JitStep, state: State, dw: Any, dt: Any, lr: LearningRate)
     return tree_map(lambda tensor: _compat.add_batch_dim(tensor, 0, level), out)
 
 
-def _eager(jit: JitStep, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
-    return jit._eager_step(state, dw, dt, lr)
+def _eager(jit: PreparedStep, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
+    return jit.eager(state, dw, dt, lr)
 
 
-def _batched_kernel(jit: JitStep, plan: Hashable, dt: float, example: tuple) -> Any:
+def _batched_kernel(jit: PreparedStep, plan: Hashable, dt: float, example: tuple) -> Any:
     """The compiled ``vmap`` over runs of the one-run step (alpha per run, float64 like the clock)."""
     problem = jit.problem
     states, dws, alphas = example
@@ -90,4 +101,4 @@ def _batched_kernel(jit: JitStep, plan: Hashable, dt: float, example: tuple) -> 
     return call
 
 
-__all__ = ["batched_call"]
+__all__ = ["PreparedStep", "batched_call"]

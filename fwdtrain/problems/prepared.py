@@ -92,7 +92,7 @@ class JitStep:
         self.preparations = 0
         self._plans: dict[Hashable, Plan] = {}
         self._kernels: dict[Hashable, _Compiled] = {}
-        self._batched: dict[Hashable, Any] = {}  # the kernels of ``vmapped.batched_call``
+        self.batched_kernels: dict[Hashable, Any] = {}  # the kernels of ``vmapped.batched_call``
 
     @property
     def sde(self) -> SDE:
@@ -110,10 +110,10 @@ class JitStep:
         if not (_compat.transforms_active() or _compat.tracing()):
             if self.compiled:
                 return self._compiled_step(state, dw, dt, lr)
-            return self._eager_step(state, dw, dt, lr)
+            return self.eager(state, dw, dt, lr)
         if self.compiled and _compat.top_transform_is_vmap():
             return batched_call(self, state, dw, dt, lr)
-        return self._eager_step(state, dw, dt, lr)
+        return self.eager(state, dw, dt, lr)
 
     # ---- once per key ----
     def prepare(self, state: State, dw: torch.Tensor, dt: Any, lr: LearningRate) -> Plan:
@@ -141,7 +141,8 @@ class JitStep:
         return alpha
 
     # ---- eager ----
-    def _eager_step(self, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
+    def eager(self, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
+        """The eager step, its key's checks and plan prepared once (also inside the user's transforms)."""
         leaves, spec = flatten((state, dw))
         if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
             self.prepare(state, dw, dt, lr)  # raises for the leaf that is not a tensor
