@@ -12,10 +12,10 @@ from typing import Any, NoReturn
 import torch
 
 from .. import examples, optim
+from ..core.solvers import SOLVERS
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-SOLVERS = ("euler", "heun", "milstein")
 
 
 class UsageError(ValueError):
@@ -85,9 +85,8 @@ def _training_options(add: Callable[..., Any]) -> None:
     add("--dtype", choices=tuple(DTYPES), help="floating type (default: the problem's, float32 for lqr-1d)")
     add(
         "--solver",
-        choices=SOLVERS,
-        help="the scheme: euler (default; any noise), heun (weak order 2; a diffusion "
-        "that does not depend on x), milstein (strong order 1; diagonal or one noise)",
+        choices=tuple(SOLVERS),
+        help="the scheme: " + "; ".join(f"{name}, {cls.summary}" for name, cls in SOLVERS.items()),
     )
     add(
         "--optimizer",
@@ -228,7 +227,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
 __all__ = [
     "DTYPES",
     "SCHEDULES",
-    "SOLVERS",
     "UsageError",
     "build_parser",
     "defaults_of",

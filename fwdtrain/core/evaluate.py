@@ -10,28 +10,23 @@ for reports (its own noise, floats out, compiled when long).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import _checks
+from .kernel import particle_terms
 from .problem import SDE
-from .sensitivity import Terms, Theta, evaluate_particles
+from .sensitivity import Theta
 from .solvers import Solver, as_solver
-
-
-def particle_terms(sde: SDE, theta: Theta) -> Callable[[torch.Tensor, tuple[str, ...]], Terms]:
-    """``evaluate(x (N, d), names) -> terms of N particles`` of ``sde`` at a frozen theta."""
-    return lambda x, names: evaluate_particles(lambda xi: sde.terms(theta, xi, names), x)
 
 
 def frozen_step(
     sde: SDE, theta: Theta, x: torch.Tensor, dw: torch.Tensor, dt: Any, solver: Solver
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(X_{n+1}, c(X_n) per particle) with theta frozen: one step of ``solver`` without the sensitivity."""
-    new_x, value = solver.step_frozen(particle_terms(sde, theta), x, dw, dt)
-    return new_x, value["cost"]
+    """(X_{n+1}, c(X_n) per particle) with theta frozen: ``solver``'s one scheme without a sensitivity."""
+    moved = solver.step(particle_terms(sde, theta), x, None, dw, dt)
+    return moved.x, moved.value["cost"]
 
 
 def average_cost(
@@ -71,4 +66,4 @@ def average_cost(
     return total / (steps - burn_in)
 
 
-__all__ = ["average_cost", "frozen_step", "particle_terms"]
+__all__ = ["average_cost", "frozen_step"]

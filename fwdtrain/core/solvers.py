@@ -22,9 +22,13 @@ evaluates them:
       X' = X + mu h + sigma dW + g (dW^2 - h) / 2,      g the ``correction`` (``fwdtrain.core.problem``)
       Xtilde' = Xtilde + D mu h + D sigma dW + D g (dW^2 - h) / 2   (D g: a second derivative)
 
-A solver sees the problem through two functions of N particles: ``linearise(x, x_tilde, names)
--> (values, totals)`` and ``evaluate(x, names) -> values`` (theta frozen), so calibration, the
-cost form, ensembles and the frozen-theta evaluation share it. A new scheme is one more subclass.
+A solver's scheme is written once, over ``Dual`` numbers: a value of N particles with its tangent along
+theta (a pytree shaped like Xtilde, or None for a constant). The same scheme then gives X_{n+1} alone
+(theta frozen: every tangent None, nothing differentiated) or X_{n+1} and Xtilde_{n+1} (the tangent of
+the map, which is Phi_x Xtilde + Phi_theta by the chain rule). It sees the problem through one function
+``terms(x, x_tilde, names) -> (values, totals)`` of N particles (totals ``{}`` when x_tilde is None), so
+calibration, the cost form, ensembles and the frozen-theta evaluation share it. A new scheme is one
+subclass with a ``name``; it registers itself in ``SOLVERS``.
 """
 
 from __future__ import annotations
@@ -40,9 +44,59 @@ from torch.func import jacrev
 from ._tree import tree_map
 from .sensitivity import Terms
 
-Linearise = Callable[[torch.Tensor, Any, tuple[str, ...]], tuple[Terms, Terms]]
-Evaluate = Callable[[torch.Tensor, tuple[str, ...]], Terms]
+TermsAt = Callable[[torch.Tensor, Any, tuple[str, ...]], tuple[Terms, Terms]]
 NAMES = ("mu", "sigma", "cost")
+
+
+def _scaled(leaf: torch.Tensor, factor: Any) -> torch.Tensor:
+    """leaf (N, d, *s) times a number, a 0-d tensor or a (N, d) tensor broadcast over the parameter axes *s."""
+    if isinstance(factor, torch.Tensor) and factor.ndim:
+        return leaf * factor.reshape(factor.shape + (1,) * (leaf.ndim - factor.ndim))
+    return leaf * factor
+
+
+class Dual:
+    """A value of N particles and its tangent along theta, ``tangent`` a pytree of leaves (N, d, *s) or None
+    (a constant). Sums (``+``, ``-``) and scalings (``times``) act on both, in the order written, so a
+    scheme written over duals gives the same floating-point operations as the map and its derivative
+    written out by hand."""
+
+    __slots__ = ("tangent", "value")
+
+    def __init__(self, value: torch.Tensor, tangent: Any = None) -> None:
+        self.value = value
+        self.tangent = tangent
+
+    def __add__(self, other: Dual) -> Dual:
+        if self.tangent is None or other.tangent is None:
+            tangent = self.tangent if other.tangent is None else other.tangent
+        else:
+            tangent = tree_map(torch.add, self.tangent, other.tangent)
+        return Dual(self.value + other.value, tangent)
+
+    def __sub__(self, other: Dual) -> Dual:
+        return self + other.times(-1)
+
+    def times(self, factor: Any) -> Dual:
+        """Scaled by a constant: a number, a 0-d tensor or a (N, d) tensor (per particle and coordinate).
+        A method, not ``*``: dynamo would send ``dual * tensor`` to the tensor's product."""
+        tangent = None if self.tangent is None else tree_map(lambda leaf: _scaled(leaf, factor), self.tangent)
+        return Dual(self.value * factor, tangent)
+
+    def __repr__(self) -> str:
+        return f"Dual(value={self.value!r}, tangent={'None' if self.tangent is None else '...'})"
+
+
+def noise(sigma: Dual, dw: torch.Tensor) -> Dual:
+    """sigma dW and its tangent sum_k D sigma_k dW^k: sigma (N, d) diagonal or (N, d, m), dW (N, m)."""
+    diagonal = sigma.value.ndim == 2
+    tangent = None
+    if sigma.tangent is not None:
+        tangent = tree_map(lambda d_s: noise_sensitivity_term(d_s, dw, diagonal), sigma.tangent)
+    return Dual(noise_term(sigma.value, dw), tangent)
+
+
+Evaluate = Callable[[Dual, tuple[str, ...]], dict[str, Dual]]
 
 
 class Moved(NamedTuple):
@@ -69,12 +123,7 @@ def noise_sensitivity_term(d_sigma: torch.Tensor, dw: torch.Tensor, diagonal: bo
     return torch.einsum("ndm...,nm->nd...", d_sigma, dw)
 
 
-def _noise_sensitivity(total: Terms, dw: torch.Tensor, diagonal: bool) -> Any:
-    """sum_k D sigma_k dW^k per parameter leaf; None when sigma is additive (no D sigma)."""
-    d_sigma = total.get("sigma")
-    if d_sigma is None:
-        return None
-    return tree_map(lambda d_s: noise_sensitivity_term(d_s, dw, diagonal), d_sigma)
+SOLVERS: dict[str, type[Solver]] = {}  # name -> class, filled by ``Solver.__init_subclass__``
 
 
 @dataclass(frozen=True)
@@ -88,6 +137,7 @@ class Solver(abc.ABC):
 
     mode: str = "auto"
     name: ClassVar[str] = "solver"
+    summary: ClassVar[str] = ""  # one line for the command line's help
     stages: ClassVar[int] = 1
     names: ClassVar[tuple[str, ...]] = NAMES
 
@@ -105,13 +155,32 @@ class Solver(abc.ABC):
         """Raise a clear ``ValueError`` for a diffusion of one particle (sigma (d,) or (d, m)) this
         scheme does not take; a structure check, cheap enough for every step."""
 
-    @abc.abstractmethod
-    def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
-        """X_{n+1} and Xtilde_{n+1} of N particles, and the terms at time n."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that names itself (``name = "..."`` in its body) is listed in ``SOLVERS``."""
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            SOLVERS[cls.name] = cls
 
     @abc.abstractmethod
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
-        """X_{n+1} with theta frozen (no sensitivity), and the terms at time n."""
+    def scheme(self, evaluate: Evaluate, x: Dual, dw: torch.Tensor, dt: Any) -> tuple[Dual, dict[str, Dual]]:
+        """The one-step map over duals: (X_{n+1}, the terms at time n), from ``evaluate(point, names)``, the
+        named terms at N particles (``names`` among ``self.names``), each a ``Dual``."""
+
+    def step(self, terms: TermsAt, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
+        """X_{n+1} and Xtilde_{n+1} of N particles, and the terms at time n (values, totals).
+
+        ``terms(x, x_tilde, names) -> (values, totals)``; x_tilde None: theta frozen, Xtilde_{n+1} None and
+        the totals ``{}``.
+        """
+
+        def evaluate(point: Dual, names: tuple[str, ...]) -> dict[str, Dual]:
+            value, total = terms(point.value, point.tangent, names)
+            return {name: Dual(v, total.get(name)) for name, v in value.items()}
+
+        new, at = self.scheme(evaluate, Dual(x, x_tilde), dw, dt)
+        value = {name: term.value for name, term in at.items()}
+        total = {name: term.tangent for name, term in at.items() if term.tangent is not None}
+        return Moved(new.value, new.tangent, value, total)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()" if self.mode == "auto" else f"{type(self).__name__}(mode={self.mode!r})"
@@ -135,21 +204,11 @@ class Euler(Solver):
     """
 
     name: ClassVar[str] = "euler"
+    summary: ClassVar[str] = "Euler-Maruyama (the default; any noise)"
 
-    def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
-        value, total = linearise(x, x_tilde, NAMES)
-        diagonal = value["sigma"].ndim == 2
-        new_x = x + value["mu"] * dt + noise_term(value["sigma"], dw)
-        d_noise = _noise_sensitivity(total, dw, diagonal)
-        if d_noise is None:
-            new_x_tilde = tree_map(lambda xt, d_mu: xt + d_mu * dt, x_tilde, total["mu"])
-        else:
-            new_x_tilde = tree_map(lambda xt, d_mu, dn: xt + d_mu * dt + dn, x_tilde, total["mu"], d_noise)
-        return Moved(new_x, new_x_tilde, value, total)
-
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
-        value = evaluate(x, NAMES)
-        return x + value["mu"] * dt + noise_term(value["sigma"], dw), value
+    def scheme(self, evaluate: Evaluate, x: Dual, dw: torch.Tensor, dt: Any) -> tuple[Dual, dict[str, Dual]]:
+        at = evaluate(x, NAMES)
+        return x + at["mu"].times(dt) + noise(at["sigma"], dw), at
 
 
 @dataclass(frozen=True, repr=False)
@@ -170,6 +229,7 @@ class Heun(Solver):
     """
 
     name: ClassVar[str] = "heun"
+    summary: ClassVar[str] = "predictor-corrector (weak order 2; a diffusion that does not depend on x)"
     stages: ClassVar[int] = 2
 
     def check(self, sde: Any, theta: Any, x0: torch.Tensor) -> None:
@@ -184,28 +244,12 @@ class Heun(Solver):
                 f"= {float(d_x.abs().max()):.3g}); use Euler(), or Milstein() for diagonal noise"
             )
 
-    def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
-        value, total = linearise(x, x_tilde, NAMES)
-        diagonal = value["sigma"].ndim == 2
-        noise = noise_term(value["sigma"], dw)
-        d_noise = _noise_sensitivity(total, dw, diagonal)
-        x_star = x + value["mu"] * dt + noise
-        x_tilde_star = tree_map(lambda xt, d_mu: xt + d_mu * dt, x_tilde, total["mu"])
-        if d_noise is not None:
-            x_tilde_star = tree_map(torch.add, x_tilde_star, d_noise)
-        corrector, corrector_total = linearise(x_star, x_tilde_star, ("mu",))
-        half = dt / 2
-        new_x = x + (value["mu"] + corrector["mu"]) * half + noise
-        new_x_tilde = tree_map(lambda xt, a, b: xt + (a + b) * half, x_tilde, total["mu"], corrector_total["mu"])
-        if d_noise is not None:
-            new_x_tilde = tree_map(torch.add, new_x_tilde, d_noise)
-        return Moved(new_x, new_x_tilde, value, total)
-
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
-        value = evaluate(x, NAMES)
-        noise = noise_term(value["sigma"], dw)
-        corrector = evaluate(x + value["mu"] * dt + noise, ("mu",))
-        return x + (value["mu"] + corrector["mu"]) * (dt / 2) + noise, value
+    def scheme(self, evaluate: Evaluate, x: Dual, dw: torch.Tensor, dt: Any) -> tuple[Dual, dict[str, Dual]]:
+        at = evaluate(x, NAMES)
+        shock = noise(at["sigma"], dw)
+        predictor = x + at["mu"].times(dt) + shock
+        corrector = evaluate(predictor, ("mu",))
+        return x + (at["mu"] + corrector["mu"]).times(dt / 2) + shock, at
 
 
 @dataclass(frozen=True, repr=False)
@@ -227,6 +271,7 @@ class Milstein(Solver):
     """
 
     name: ClassVar[str] = "milstein"
+    summary: ClassVar[str] = "Ito-Milstein (strong order 1; diagonal or one noise)"
     names: ClassVar[tuple[str, ...]] = NAMES + ("correction",)
 
     def check_shape(self, sigma: torch.Tensor, noise_type: str | None) -> None:
@@ -237,32 +282,11 @@ class Milstein(Solver):
                 f"{sigma.shape[1]}), whose Milstein scheme needs Levy areas: use Euler()"
             )
 
-    def step(self, linearise: Linearise, x: torch.Tensor, x_tilde: Any, dw: torch.Tensor, dt: Any) -> Moved:
-        value, total = linearise(x, x_tilde, self.names)
-        sigma = value["sigma"]
-        diagonal = sigma.ndim == 2
-        square = self._square(dw, dt, diagonal)
-        new_x = x + value["mu"] * dt + noise_term(sigma, dw) + 0.5 * value["correction"] * square
-        d_noise = _noise_sensitivity(total, dw, diagonal)
-        if d_noise is None:  # additive: Euler
-            new_x_tilde = tree_map(lambda xt, d_mu: xt + d_mu * dt, x_tilde, total["mu"])
-            return Moved(new_x, new_x_tilde, value, total)
-        new_x_tilde = tree_map(
-            lambda xt, d_mu, dn, d_g: (
-                xt + d_mu * dt + dn + 0.5 * d_g * square.reshape(square.shape + (1,) * (d_g.ndim - 2))
-            ),
-            x_tilde,
-            total["mu"],
-            d_noise,
-            total["correction"],
-        )
-        return Moved(new_x, new_x_tilde, value, total)
-
-    def step_frozen(self, evaluate: Evaluate, x: torch.Tensor, dw: torch.Tensor, dt: Any) -> tuple[torch.Tensor, Terms]:
-        value = evaluate(x, self.names)
-        sigma = value["sigma"]
-        square = self._square(dw, dt, sigma.ndim == 2)
-        return x + value["mu"] * dt + noise_term(sigma, dw) + 0.5 * value["correction"] * square, value
+    def scheme(self, evaluate: Evaluate, x: Dual, dw: torch.Tensor, dt: Any) -> tuple[Dual, dict[str, Dual]]:
+        at = evaluate(x, self.names)
+        square = self._square(dw, dt, at["sigma"].value.ndim == 2)
+        correction = at["correction"].times(0.5).times(square)
+        return x + at["mu"].times(dt) + noise(at["sigma"], dw) + correction, at
 
     @staticmethod
     def _square(dw: torch.Tensor, dt: Any, diagonal: bool) -> torch.Tensor:
@@ -271,11 +295,10 @@ class Milstein(Solver):
 
 
 EULER = Euler()  # the default solver
-SOLVERS: dict[str, type[Solver]] = {"euler": Euler, "heun": Heun, "milstein": Milstein}
 
 
 def as_solver(solver: Solver | str | None) -> Solver:
-    """A solver from what a user passes: a ``Solver``, its name ("euler", "heun", "milstein") or None (Euler)."""
+    """A solver from what a user passes: a ``Solver``, its name (a key of ``SOLVERS``) or None (Euler)."""
     if solver is None:
         return EULER
     if isinstance(solver, str):
@@ -284,20 +307,22 @@ def as_solver(solver: Solver | str | None) -> Solver:
         return SOLVERS[solver.lower()]()
     if not isinstance(solver, Solver):
         raise TypeError(
-            f"solver must be a fwdtrain solver (fwdtrain.Euler(), Heun(), Milstein()) or its name, "
-            f"got {type(solver).__name__}"
+            f"solver must be a fwdtrain solver ({', '.join(cls.__name__ + '()' for cls in SOLVERS.values())}) "
+            f"or its name ({', '.join(sorted(SOLVERS))}), got {type(solver).__name__}"
         )
     return solver
 
 
 __all__ = [
     "SOLVERS",
+    "Dual",
     "Euler",
     "Heun",
     "Milstein",
     "Moved",
     "Solver",
     "as_solver",
+    "noise",
     "noise_sensitivity_term",
     "noise_term",
 ]
