@@ -87,8 +87,8 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
 
     import fwdtrain as ft
     from benchmarks import jax_impl, problems
-    from fwdtrain.core.kernel import advance
     from fwdtrain.core.sensitivity import Plan
+    from fwdtrain.problems.cost import CostForm
 
     problem = problems.lqr(name)
     particles, d = 3, problem.x0.shape[0]
@@ -97,7 +97,7 @@ def test_jax_impl_computes_what_fwdtrain_computes(name):
     step = jax.jit(jax_impl.make_step(problems.jax_coefficients(problem), problem.dt, problem.lr))
     noise = torch.randn(30, particles, d, generator=torch.Generator().manual_seed(2)) * problem.dt**0.5
     for dw in noise:
-        state, _ = advance(problem.sde, state, dw, problem.dt, problem.lr, Plan("reverse", "generic"))
+        state, _ = CostForm(problem.sde).advance(state, dw, problem.dt, problem.lr, Plan("reverse", "generic"))
         jax_state, _ = step(jax_state, jax.numpy.asarray(dw.numpy()))
     np.testing.assert_allclose(np.asarray(jax_state.x), state.x.numpy(), rtol=1e-4, atol=1e-5)
     for key, leaf in state.x_tilde.items():
@@ -130,8 +130,8 @@ def test_jax_hand_computes_what_fwdtrain_computes():
 
     import fwdtrain as ft
     from benchmarks import jax_hand, problems
-    from fwdtrain.core.kernel import advance
     from fwdtrain.core.sensitivity import Plan
+    from fwdtrain.problems.cost import CostForm
 
     problem = problems.lqr("lqr-1d")
     particles = 3
@@ -140,7 +140,7 @@ def test_jax_hand_computes_what_fwdtrain_computes():
     step = jax.jit(jax_hand.make_step(problem.dt, lambda t: problem.lr))
     noise = torch.randn(30, particles, 1, generator=torch.Generator().manual_seed(2)) * problem.dt**0.5
     for dw in noise:
-        state, info = advance(problem.sde, state, dw, problem.dt, problem.lr, Plan("reverse", "generic"))
+        state, info = CostForm(problem.sde).advance(state, dw, problem.dt, problem.lr, Plan("reverse", "generic"))
         hand, cost = step(hand, jax.numpy.asarray(dw[:, 0].numpy()))
         np.testing.assert_allclose(float(cost), float(info.cost), rtol=1e-4)
     np.testing.assert_allclose(np.asarray(hand.x), state.x[:, 0].numpy(), rtol=1e-4, atol=1e-5)

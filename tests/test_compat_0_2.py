@@ -177,7 +177,7 @@ def test_0_2_module_paths_import_with_a_warning_and_public_short_paths_without()
         del sys.modules[name]
     with pytest.warns(DeprecationWarning, match=r"fwdtrain.euler moved to fwdtrain.core.kernel"):
         euler = importlib.import_module("fwdtrain.euler")
-    assert euler.advance is ft.core.kernel.advance
+    assert euler.propagate is ft.core.kernel.propagate
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from fwdtrain.noise import BrownianNoise

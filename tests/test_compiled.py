@@ -20,8 +20,8 @@ import torch
 import fwdtrain as ft
 from fwdtrain.compile import cache, kernels
 from fwdtrain.core._tree import leaves
-from fwdtrain.core.kernel import advance
 from fwdtrain.core.sensitivity import Plan
+from fwdtrain.problems.cost import CostForm
 
 DT = 0.01
 PARTICLES = 3
@@ -243,7 +243,7 @@ def test_the_loop_kernel_equals_its_eager_meaning():
     alphas = torch.full((8,), 0.3, dtype=torch.float64)
 
     def step(carry, inputs):
-        new, info = advance(ex.sde, carry[0], inputs[0], DT, inputs[1], plan)
+        new, info = CostForm(ex.sde).advance(carry[0], inputs[0], DT, inputs[1], plan)
         return new, carry[1] + info.cost
 
     carry = (state, torch.zeros((), dtype=torch.float64))

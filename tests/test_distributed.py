@@ -25,7 +25,7 @@ from conftest import boom
 import fwdtrain as ft
 from fwdtrain import cli, plotting
 from fwdtrain import distributed as D
-from fwdtrain.core.kernel import advance
+from fwdtrain.problems.cost import CostForm
 
 DT, LR, SEED, STEPS = 0.01, 0.5, 7, 40
 LAUNCH_TIMEOUT = 60.0
@@ -103,7 +103,7 @@ def _composed_loop(ex, state, every):
     noise = ft.noise.BrownianNoise((state.particles, 1), DT, seed=D.rank_seed(SEED), dtype=torch.float64).draw(STEPS)
     plan = ft.problems.CostForm(ex.sde).plan(state)
     for dw in noise:
-        state, _ = advance(ex.sde, state, dw, DT, LR, plan, reduce=reduce)
+        state, _ = CostForm(ex.sde).advance(state, dw, DT, LR, plan, reduce=reduce)
     return final, state
 
 

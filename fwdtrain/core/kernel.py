@@ -9,7 +9,8 @@ rule, s_n, opt_state_{n+1} = update(G_n, opt_state_n, theta_n, alpha(t_n) h); a 
 average in the state takes in theta_{n+1} when t_{n+1} >= t0.
 
 The step is two pure pieces, so that a gradient hook (an all-reduce across processes) can run
-between them: ``propagate`` (X, Xtilde to n + 1, and G_n) and ``update_parameters`` (theta, t).
+between them: ``propagate`` (X, Xtilde to n + 1, and G_n) and ``update_parameters`` (theta, t);
+``fwdtrain.problems.Trainable.advance`` joins them.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 from ..optim import Average, GradientTransformation, apply_updates, average_update
 from ._tree import tree_map
 from .problem import SDE
-from .sensitivity import Plan, Terms, over_particles
-from .solvers import EULER, Solver
+from .sensitivity import Plan, Terms, evaluate_particles, over_particles
+from .solvers import EULER, Solver, TermsAt
 from .state import State
 
 LearningRate = float | torch.Tensor | Callable[[torch.Tensor], Any]
@@ -77,15 +78,17 @@ def update_parameters(
     return state._replace(theta=theta, opt_state=opt_state, t=t, average=average_step(state.average, theta, t))
 
 
-def particle_linearisation(
-    sde: SDE, theta: Any, plan: Plan
-) -> Callable[[torch.Tensor, Any, tuple[str, ...]], tuple[Terms, Terms]]:
-    """``linearise(x (N, d), x_tilde, names) -> (values, totals)`` of ``sde`` at theta for N particles."""
+def particle_terms(sde: SDE, theta: Any, plan: Plan | None = None) -> TermsAt:
+    """``terms(x (N, d), x_tilde, names) -> (values, totals)`` of ``sde`` at theta for N particles: the totals
+    D h along x_tilde by ``plan``, or ``{}`` for x_tilde None (theta frozen: values only, one ``vmap``)."""
 
-    def linearise(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+    def terms(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+        if x_tilde is None:
+            return evaluate_particles(lambda xi: sde.terms(theta, xi, names), x), {}
+        assert plan is not None, "a linearisation needs the run's plan"
         return over_particles(lambda xi, xti: sde.linearise_terms(theta, xi, xti, plan, names), x, x_tilde)
 
-    return linearise
+    return terms
 
 
 def check_increments(dw: torch.Tensor, sigma: torch.Tensor, particles: int) -> None:
@@ -101,10 +104,10 @@ def propagate(
     sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, solver: Solver = EULER
 ) -> tuple[State, StepInfo]:
     """(the state with X and Xtilde at n + 1, StepInfo(mean_i c(X_n^i), G_n)); theta and t untouched."""
-    linearise = particle_linearisation(sde, state.theta, plan)
+    terms = particle_terms(sde, state.theta, plan)
 
     def checked(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
-        value, total = linearise(x, x_tilde, names)
+        value, total = terms(x, x_tilde, names)
         check_increments(dw, value["sigma"], state.particles)
         return value, total
 
@@ -113,40 +116,15 @@ def propagate(
     return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(moved.value["cost"].mean(), gradient)
 
 
-def advance(
-    sde: SDE,
-    state: State,
-    dw: torch.Tensor,
-    dt: Any,
-    alpha: Any,
-    plan: Plan,
-    *,
-    solver: Solver = EULER,
-    optimizer: GradientTransformation | None = None,
-    reduce: GradientReduce | None = None,
-) -> tuple[State, StepInfo]:
-    """The cost-form step without input checks: (state_{n+1}, diagnostics at time n).
-
-    ``reduce`` maps the particle-mean gradient pytree to the one used for the update (e.g. an
-    all-reduce mean across processes); None keeps it. ``optimizer``: the ``fwdtrain.optim`` rule
-    that state.opt_state belongs to (None: plain sgd, ``descend``). No ``no_grad``: the step is
-    differentiable by the user's ``torch.func`` transforms.
-    """
-    moved, info = propagate(sde, state, dw, dt, plan, solver)
-    gradient = info.gradient if reduce is None else reduce(info.gradient)
-    return update_parameters(moved, gradient, alpha, dt, optimizer), StepInfo(info.cost, gradient)
-
-
 __all__ = [
     "GradientReduce",
     "LearningRate",
     "StepInfo",
-    "advance",
     "average_step",
     "check_increments",
     "descend",
     "learning_rate",
-    "particle_linearisation",
+    "particle_terms",
     "propagate",
     "update_parameters",
 ]

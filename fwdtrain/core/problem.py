@@ -159,6 +159,10 @@ class SDE:
         an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored)."""
         if route not in ("auto", "structured", "generic"):
             raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
+        return self.route_plan(theta, x, mode, route, names)
+
+    def route_plan(self, theta: Theta, x: torch.Tensor, mode: str, route: str, names: tuple[str, ...]) -> Plan:
+        """``plan_at`` for a checked ``route``: the generic route, the mode by output count."""
         return Plan(resolve_mode(mode, self.output_count(theta, x, names), size(theta)), "generic")
 
 
@@ -240,27 +244,18 @@ class ControlledSDE(SDE):
             self.control, self.terms_xu, theta, x, x_tilde, plan.mode, self.differentiated(names)
         )
 
-    def plan_at(
-        self,
-        theta: Theta,
-        x: torch.Tensor,
-        mode: str = "auto",
-        route: str = "auto",
-        names: tuple[str, ...] = ("mu", "sigma", "cost"),
-    ) -> Plan:
+    def route_plan(self, theta: Theta, x: torch.Tensor, mode: str, route: str, names: tuple[str, ...]) -> Plan:
         """Mode and route at one particle x (d,). The structure-aware route is taken when forced
         (``route="structured"``) or, for "auto", when it costs fewer flops (``structured_pays``); with
         it, "auto" counts k control outputs per reverse pass. The Milstein correction (a derivative of
         sigma in x through the control) is differentiated on the generic route only."""
-        if route not in ("auto", "structured", "generic"):
-            raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
         if route == "structured" and "correction" in names:
             raise ValueError(
                 "the Milstein correction is differentiated on the generic route only; "
                 "use route='auto' or 'generic' with Milstein()"
             )
         if route == "generic" or "correction" in names:
-            return super().plan_at(theta, x, mode, "generic", names)
+            return super().route_plan(theta, x, mode, "generic", names)
         outputs = self.output_count(theta, x, names)
         k = self.control(theta, x).numel()
         if route == "auto" and mode in ("auto", "reverse") and structured_pays("reverse", k, x.shape[-1], outputs):

@@ -33,9 +33,9 @@ import torch
 
 from ..core import _checks
 from ..core._tree import size, tree_map
-from ..core.kernel import GradientReduce, LearningRate, StepInfo, learning_rate, update_parameters
-from ..core.problem import SDE, milstein_correction
-from ..core.sensitivity import MODES, Mode, Plan, Terms, Theta, linearise_generic, over_particles, resolve_mode
+from ..core.kernel import LearningRate, StepInfo, learning_rate, particle_terms
+from ..core.problem import SDE
+from ..core.sensitivity import MODES, Mode, Plan, Theta, resolve_mode
 from ..core.solvers import EULER, Solver, as_solver
 from ..core.state import State, noise_dim
 from ..core.state import init as init_state
@@ -97,16 +97,15 @@ class Calibration(Trainable):
             (("drift", self.sde.drift), ("diffusion", self.sde.diffusion), ("observables", self.observables)), state
         )
 
-    def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...]) -> Terms:
-        """mu, sigma and phi (as the "cost" term) at one particle; the Milstein correction when asked for."""
-        value = {
-            "mu": self.sde.drift(theta, x),
-            "sigma": self.sde.diffusion(theta, x),
-            "cost": self.observables(theta, x),
-        }
-        if "correction" in names:
-            value["correction"] = milstein_correction(self.sde.diffusion, theta, x, value["sigma"])
-        return value
+    @property
+    def observed(self) -> SDE:
+        """The SDE with phi as its "cost" term, so that the solver sees mu, sigma and phi (and the Milstein
+        correction) through the one term table of ``SDE``; made once, with the calibration."""
+        return self.__dict__["_observed"]
+
+    def __post_init__(self) -> None:
+        observed = SDE(self.sde.drift, self.sde.diffusion, self.observables, noise_type=self.sde.noise_type)
+        object.__setattr__(self, "_observed", observed)
 
 
 class CalibrationInfo(NamedTuple):
@@ -223,17 +222,8 @@ def propagate(
 ) -> tuple[State, CalibrationInfo]:
     """X and Xtilde at n + 1 (the problem's solver) and the ``CalibrationInfo`` at n; theta untouched."""
 
-    def linearise(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
-        wanted = problem.sde.differentiated(names)
-        return over_particles(
-            lambda xi, xti: linearise_generic(
-                lambda th, x_: problem.terms(th, x_, names), state.theta, xi, xti, plan.mode, wanted
-            ),
-            x,
-            x_tilde,
-        )
-
-    moved = problem.solver.step(linearise, state.x, state.x_tilde, dw, dt)
+    terms = particle_terms(problem.observed, state.theta, plan)
+    moved = problem.solver.step(terms, state.x, state.x_tilde, dw, dt)
     half = state.particles // 2
     phi = moved.value["cost"]
     targets, weights = problem.targets.to(phi), problem.weights.to(phi)
@@ -249,29 +239,11 @@ def propagate(
     return state._replace(x=moved.x, x_tilde=moved.x_tilde), info
 
 
-def advance(
-    problem: Calibration,
-    state: State,
-    dw: torch.Tensor,
-    dt: Any,
-    alpha: Any,
-    plan: Plan,
-    reduce: GradientReduce | None = None,
-) -> tuple[State, CalibrationInfo]:
-    """The calibration step without input checks (see the module docstring); pure and transformable.
-
-    ``reduce`` maps G before the update (as in ``fwdtrain.core.kernel.advance``); None keeps it.
-    """
-    moved, info = propagate(problem, state, dw, dt, plan)
-    gradient = info.gradient if reduce is None else reduce(info.gradient)
-    return update_parameters(moved, gradient, alpha, dt, problem.optimizer), info._replace(gradient=gradient)
-
-
 def resolve_mode_for(problem: Calibration, state: State, mode: Mode | str) -> str:
     """The derivative mode for this problem and state: ``mode``, or for "auto" the cheaper by output count."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    value = problem.terms(state.theta, state.x[0], ())
+    value = problem.observed.terms(state.theta, state.x[0])
     outputs = value["mu"].numel() + value["sigma"].numel() + value["cost"].numel()
     return resolve_mode(mode, outputs, size(state.theta))
 
@@ -296,7 +268,8 @@ def step_with_info(
     check_solver(problem.solver, problem.sde, state.theta, state.x[0])
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
-    return advance(problem, state, dw, dt, alpha, problem.plan(state, mode))
+    moved, info = propagate(problem, state, dw, dt, problem.plan(state, mode))
+    return problem.update(moved, info.gradient, alpha, dt), info
 
 
 def step(
@@ -324,7 +297,6 @@ def step(
 __all__ = [
     "Calibration",
     "CalibrationInfo",
-    "advance",
     "calibration",
     "check_inputs",
     "init",

@@ -374,18 +374,6 @@ class Ensemble(Trainable):
         alpha = torch.broadcast_to(alpha, (self.size,))
         return vmap(lambda s, g, a: self.problem.update(s, g, a, dt))(moved, gradient, alpha)
 
-    def advance(
-        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable, reduce: Any = None
-    ) -> tuple[State, StepInfo]:
-        """vmap of the member's whole step (a gradient hook, when given, sees the (E, *s) gradients between
-        the two halves)."""
-        if reduce is not None:
-            return super().advance(state, dw, dt, alpha, plan, reduce)
-        if not isinstance(alpha, torch.Tensor):
-            alpha = torch.tensor(alpha, dtype=state.x.dtype, device=state.x.device)
-        alpha = torch.broadcast_to(alpha, (self.size,))
-        return vmap(lambda s, d, a: self.problem.advance(s, d, dt, a, plan))(state, dw, alpha)
-
     def record(self, state: State) -> Any:
         return vmap(self.problem.record)(state)
 

@@ -25,7 +25,7 @@ from torch.func import vjp, vmap
 
 from ..core import _checks
 from ..core._tree import tree_map
-from ..core.kernel import GradientReduce, LearningRate, StepInfo, average_step, learning_rate, update_parameters
+from ..core.kernel import LearningRate, StepInfo, learning_rate
 from ..core.noise import Noise, NoiseLike, TensorNoise
 from ..core.problem import SDE
 from ..core.sensitivity import Theta
@@ -90,20 +90,6 @@ def _ascent(sde: SDE, theta: Theta, x: torch.Tensor, dx: torch.Tensor, dt: Any) 
     return tree_map(lambda g: g.mean(0), ascent), quadratic.mean()
 
 
-def advance(
-    sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, alpha: Any
-) -> tuple[SGDCTState, SGDCTInfo]:
-    """One SGDCT step without input checks (see the module docstring).
-
-    x, dx (d,): one path; (P, d): P independent paths observed together, whose updates are averaged.
-    Pure and transformable (``torch.func.grad``, ``vmap``, ...): no ``no_grad``, no ``.item()``.
-    """
-    ascent, quadratic = _ascent(sde, state.theta, x, dx, dt)
-    theta = tree_map(lambda th, g: th + (alpha * g).to(th.dtype), state.theta, ascent)  # alpha(t): float64 clock
-    info = SGDCTInfo(quadratic / (2 * dt), tree_map(lambda g: g / dt, ascent))
-    return SGDCTState(theta, state.t + dt), info
-
-
 @dataclass(frozen=True)
 class DriftEstimation(Trainable):
     """SGDCT on observed paths as a ``fwdtrain.problems.Trainable``, so that ``fwdtrain.run`` trains it.
@@ -111,10 +97,11 @@ class DriftEstimation(Trainable):
     The loop's state is ``State(x=X_n, x_tilde=(), theta, t)`` (see ``as_state``): x is the current
     observation of P paths, (P, d); the "noise" of step n is the observed increment dX_n, (P, d):
     ``increments`` (n, P, d) when given here (then ``run`` needs no ``noise=``), else pass them as
-    ``noise=``. The step is ``advance`` followed by x <- x + dX_n; the recorded cost is the step's
-    ``loss`` and the gradient its ``direction``. ``single=True``: one path, held as (1, d) and stepped
-    as the (d,) observation of ``step``. ``optimizer``: a ``fwdtrain.optim`` rule applied to
-    G = -direction (None: SGDCT's own update theta + alpha J' a^{-1} r).
+    ``noise=``. The step is the estimator's update with x <- x + dX_n; the recorded cost is the step's
+    ``loss`` and the gradient G = -direction. ``single=True``: one path, held as (1, d) and stepped
+    as the (d,) observation of ``step``. ``optimizer``: a ``fwdtrain.optim`` rule applied to G
+    (None: theta - alpha h G = theta + alpha J' a^{-1} r, SGDCT's own update). Across processes the
+    gradient hook averages G over the ranks' paths, as for P paths in one process.
     """
 
     sde: SDE
@@ -160,28 +147,6 @@ class DriftEstimation(Trainable):
         direction = tree_map(lambda g: g / dt, ascent)
         return state._replace(x=state.x + dw), StepInfo(quadratic / (2 * dt), tree_map(torch.neg, direction))
 
-    def advance(
-        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Any, reduce: GradientReduce | None = None
-    ) -> tuple[State, StepInfo]:
-        """One SGDCT step on the observation x = state.x with increment dw; then x <- x + dw."""
-        if reduce is not None:
-            raise ValueError(
-                "SGDCT on observed paths has no gradient to reduce across processes; run it in a single process"
-            )
-        x, dx = (state.x[0], dw[0]) if self.single else (state.x, dw)
-        if self.optimizer is None:  # SGDCT's own update theta + alpha J' a^{-1} r
-            estimate, info = advance(self.sde, SGDCTState(state.theta, state.t), x, dx, dt, alpha)
-            new = state._replace(x=state.x + dw, theta=estimate.theta, t=estimate.t)
-            return (
-                new._replace(average=average_step(state.average, new.theta, new.t)),
-                StepInfo(info.loss, info.direction),
-            )
-        moved, step_info = self.propagate(state, dw, dt, plan)
-        direction = tree_map(torch.neg, step_info.gradient)
-        return update_parameters(moved, step_info.gradient, alpha, dt, self.optimizer), StepInfo(
-            step_info.cost, direction
-        )
-
 
 def as_state(state: SGDCTState, x0: torch.Tensor) -> State:
     """The driver's state for ``DriftEstimation``, from the estimator and the first observations.
@@ -224,11 +189,15 @@ def check_inputs(sde: SDE, state: SGDCTState, x: Any, dx: Any, dt: Any, lr: Any)
 def step_with_info(
     sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate
 ) -> tuple[SGDCTState, SGDCTInfo]:
-    """``step`` that also returns the ``SGDCTInfo`` at step n."""
+    """``step`` that also returns the ``SGDCTInfo`` at step n: ``DriftEstimation``'s step on the observation x."""
     check_inputs(sde, state, x, dx, dt, lr)
     alpha = learning_rate(lr, state.t)
     _checks.check_alpha(alpha, state.t, lr)
-    return advance(sde, state, x, dx, dt, alpha)
+    single = x.ndim == 1
+    problem = DriftEstimation(sde, single=single)
+    start = State(x[None] if single else x, (), state.theta, state.t)
+    new, info = problem.advance(start, dx[None] if single else dx, dt, alpha, "reverse")
+    return SGDCTState(new.theta, new.t), SGDCTInfo(info.cost, tree_map(torch.neg, info.gradient))
 
 
 def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any, lr: LearningRate) -> SGDCTState:
@@ -265,7 +234,6 @@ __all__ = [
     "DriftEstimation",
     "SGDCTInfo",
     "SGDCTState",
-    "advance",
     "as_state",
     "check_inputs",
     "init",
