@@ -13,6 +13,8 @@ lives here, so the numerical code reads like its equations and a torch upgrade t
   in its default temporary folder whatever the cache folder) and the instruction-set probe's result
   go to fwdtrain's cache folder; a known probe result skips the probe (3-4 s of compiling test
   programs).
+- ``PRELOAD_MODULES``: what a forkserver preloads so that its children start warm (torch.func imports
+  dynamo, a private module).
 - AOTInductor (``aot_compile``, ``aot_load``): ``torch.export`` of a traced graph, compiled into a
   package, and loaded with the C++ loader (``torch._C._aoti.AOTIModelPackageLoader``: 3 ms, against
   2.4 s for ``torch._inductor.aoti_load_package``, which imports inductor; and ~50 us less per call).
@@ -31,6 +33,9 @@ import torch
 
 # dynamo (torch.compile) fails on jvp under vmap in torch <= 2.13; make_fx traces both modes.
 DYNAMO_TRACES_FORWARD_MODE = False
+
+
+PRELOAD_MODULES = ("torch", "torch._dynamo", "fwdtrain")  # a forkserver's preload: torch.func imports dynamo
 
 
 def forward_mode_traceable() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
+from .. import _compat
 from ..core import _checks
 
 ROUTES = ("aot", "dynamo")
@@ -38,6 +39,14 @@ class Compile(NamedTuple):
     chunk: int = 1024
     verify: bool = True
     unroll: int = 1
+
+    def derivative_mode(self, mode: str = "auto") -> str:
+        """The derivative mode a run with these options plans with: ``mode``, except that a run that may compile
+        on the ``"dynamo"`` route plans in reverse mode (torch's dynamo cannot trace ``jvp`` under ``vmap``;
+        ``_compat.DYNAMO_TRACES_FORWARD_MODE``). The one place where compiling changes the derivative mode."""
+        if self.enabled is False or self.route == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE:
+            return mode
+        return "reverse"
 
 
 def as_compile(value: Any) -> Compile:

@@ -99,7 +99,7 @@ class GroupHook(Hook):
         if isinstance(error, GroupError):
             return
         code = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
-        stop = loop.next_check(loop.carry.n)
+        stop = loop.next_event(loop.carry.n, record_hooks_only=True)
         zeros = tree_map(torch.zeros_like, loop.carry.state.theta)
         try:
             while self.gradient.calls < stop:  # the gradient collectives the other ranks make until their check

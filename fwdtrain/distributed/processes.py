@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat as compat
 from ..core import _checks
 from .group import destroy_process_group, init_process_group, local_device
 
@@ -85,7 +86,7 @@ def launch(
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
     if method == "forkserver":
-        context.set_forkserver_preload(["torch", "torch._dynamo", "fwdtrain"])  # torch.func imports dynamo
+        context.set_forkserver_preload(list(compat.PRELOAD_MODULES))
     queue = context.Queue()
     port = _free_port()
     processes = [

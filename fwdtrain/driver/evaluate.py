@@ -2,30 +2,29 @@
 
     J(theta) ~ (1 / (N (K - B))) sum_i sum_{B <= n < K} c(X_n^i, theta)
 
-It draws its own noise from a seeded generator, streams the steps without storing them and returns
-Python floats, so it cannot be transformed (it says so inside a transform instead of returning a
-silent zero; ``fwdtrain.core.evaluate.average_cost`` is the pure, differentiable form). Long
-evaluations run as one compiled loop (the same kernels and policy as ``run``).
+It runs through ``run``'s loop (``fwdtrain.problems.frozen.FrozenCost``: the same noise, kernels, compile
+policy and divergence checks), streams the steps without storing them and returns Python floats, so it
+cannot be transformed (it says so inside a transform instead of returning a silent zero;
+``fwdtrain.core.evaluate.average_cost`` is the pure, differentiable form).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, NamedTuple
 
 import torch
 
-from ..compile import policy
-from ..compile.kernels import loop_kernel
 from ..compile.options import as_compile
 from ..core import _checks
 from ..core._tree import leaves
-from ..core.evaluate import frozen_step
 from ..core.problem import SDE
 from ..core.sensitivity import Theta
 from ..core.solvers import Solver, as_solver
 from ..core.state import evaluate_once
+from ..problems.frozen import FrozenCost
+from .options import Checks, SaveAt
+from .runner import run
 
 
 class CostEstimate(NamedTuple):
@@ -50,45 +49,6 @@ def _refuse_transformed(tensors: Any) -> None:
                 f"fwdtrain.core.evaluate.average_cost(sde, theta, x0, dw, dt, burn_in), which takes the "
                 f"Brownian increments dw (steps, particles, m) and returns a tensor"
             )
-
-
-def _noise_block(
-    generator: torch.Generator,
-    count: int,
-    length: int,
-    shape: tuple[int, int],
-    dtype: torch.dtype,
-    device: torch.device,
-    dt: float,
-) -> torch.Tensor:
-    """``count`` increments drawn one step at a time (the stream does not depend on the block length), zero-padded
-    to ``length`` rows."""
-    rows = [torch.randn(shape, generator=generator, dtype=dtype, device=device) * math.sqrt(dt) for _ in range(count)]
-    rows += [torch.zeros(shape, dtype=dtype, device=device)] * (length - count)
-    return torch.stack(rows)
-
-
-class _Chooser:
-    """Eager, or the compiled loop, decided as ``run`` decides (``compile.policy``): after one eager step for
-    ``compile=True``, after a few timed ones for "auto"; never for ``compile=False``."""
-
-    def __init__(self, options: Any, steps: int) -> None:
-        self.options, self.steps = options, steps
-        self.decided = options.enabled is False
-        self.kernel: Any = None
-        self.seconds: list[float] = []
-
-    def timed(self, seconds: float, build: Any, done: int) -> None:
-        self.seconds.append(seconds)
-        if self.options.enabled is True:
-            self.kernel, self.decided = build(), True
-        elif len(self.seconds) > policy.EAGER_PROBE_STEPS:
-            self.decided = True
-            eager_step, remaining = min(self.seconds[1:]), self.steps - done
-            if policy.worth_tracing(eager_step, remaining):
-                kernel = build()
-                if policy.decide(eager_step, remaining, warm=kernel.warm, nodes=max(kernel.nodes, 1)).compile:
-                    self.kernel = kernel
 
 
 def stationary_cost(
@@ -139,51 +99,14 @@ def stationary_cost(
     x0 = _checks.check_tensor(x0, "x0", dtype, device)
     scheme, options = as_solver(solver), as_compile(compile)
     scheme.check(sde, theta, x0)
-    m = evaluate_once(sde, theta, x0).sigma.shape[-1]  # sigma (d, m), or (d,) for diagonal noise (m = d)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    x = x0.expand(particles, -1).clone()
-    total = torch.zeros(particles, dtype=torch.float64, device=device)
-
-    def step(carry: tuple[torch.Tensor, torch.Tensor, Theta], inputs: tuple[torch.Tensor, torch.Tensor]) -> Any:
-        x_n, total_n, theta_ = carry  # theta is carried (unchanged), not closed over: one kernel for every theta
-        dw, counted = inputs
-        x_next, cost = frozen_step(sde, theta_, x_n, dw, dt, scheme)
-        return x_next, torch.where(counted, total_n + cost.double(), total_n), theta_
-
-    length = min(options.chunk, steps)
-    chooser = _Chooser(options, steps)
+    evaluate_once(sde, theta, x0)
+    problem = FrozenCost(sde, scheme, burn_in)
+    start = problem.start(theta, x0, particles)
     with torch.no_grad():  # floats out: nothing to differentiate; a closure's grad-tracking tensors stay graph-free
-        n = 0
-        while n < steps:
-            count = min(length, steps - n)
-            block = _noise_block(generator, count, length, (particles, m), dtype, device, float(dt))
-            counted = torch.arange(n, n + length, device=device) >= burn_in
-            i = 0
-            while i < count and not chooser.decided:  # eager steps, timed, until compiling is decided
-                clock = time.perf_counter()
-                x, total, _ = step((x, total, theta), (block[i], counted[i]))
-                if n + i == 0:
-                    _refuse_transformed(x)  # the SDE closes over a tensor of an enclosing transform
-                chooser.timed(
-                    time.perf_counter() - clock,
-                    lambda: loop_kernel(
-                        step,
-                        (x, total, theta),
-                        (block, counted),
-                        key=(sde, float(dt), scheme, "frozen"),
-                        options=options._replace(enabled=True),
-                        what="the frozen-theta step",
-                    ),
-                    n + i + 1,
-                )
-                i += 1
-            if i < count and chooser.kernel is not None:
-                x, total, _ = chooser.kernel(count - i, i, (block, counted), (x, total, theta))
-            else:
-                for k in range(i, count):
-                    x, total, _ = step((x, total, theta), (block[k], counted[k]))
-            n += count
-    total = total / (steps - burn_in)
+        # one record and one divergence check at the end (and the loop's check after the first step)
+        end, _ = run(problem, start, steps, dt, 0.0, seed, compile=options, save=SaveAt(steps), checks=Checks(steps))
+    _refuse_transformed(end.x)  # the SDE closes over a tensor of an enclosing transform
+    total = end.x_tilde / (steps - burn_in)
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())
 
 

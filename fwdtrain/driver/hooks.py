@@ -53,8 +53,8 @@ class Loop(Protocol):
     def visible(self) -> State:
         """The state a callback sees (frozen members at their frozen state)."""
 
-    def next_check(self, n: int) -> int:
-        """The first step after n at which the loop checks."""
+    def next_event(self, n: int, stop: int | None = None, *, record_hooks_only: bool = False) -> int:
+        """The first step after n at which the loop checks (the loop's one event clock)."""
 
     def diverged(self, n: int) -> Exception:
         """The DivergenceError of a failed check at step n."""

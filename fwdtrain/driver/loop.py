@@ -280,21 +280,19 @@ class Loop:
         return self.problem.freeze(self.good[0].state, c.state, self.members[0])
 
     # ---- the loop ----
-    def next_check(self, n: int) -> int:
-        """The first step after n at which the loop checks (a divergence check, a record, a checkpoint, the end)."""
-        first = self.start + 1 if n < self.start + 1 else sys.maxsize
-        recorded = [_next(n, hook.every) for hook in self.hooks if hook.needs_record]
-        return min(_next(n, self.save.every), _next(n, self.checks.every), first, *recorded, self.end)
-
-    def _next_event(self, n: int, stop: int) -> int:
+    def next_event(self, n: int, stop: int | None = None, *, record_hooks_only: bool = False) -> int:
+        """The loop's one event clock: the first step after n (and no later than ``stop``, default the end) at
+        which it checks: a divergence check, a record, the first step, a hook's turn, the end. A process group
+        asks with ``record_hooks_only`` for the events every rank shares (hooks that need a record)."""
         first = self.start + 1 if n < self.start + 1 else sys.maxsize  # one check after the first step
+        hooks = [hook for hook in self.hooks if hook.needs_record or not record_hooks_only]
         return min(
             _next(n, self.save.every),
             _next(n, self.checks.every),
             first,
-            *(_next(n, hook.every) for hook in self.hooks),
+            *(_next(n, hook.every) for hook in hooks),
             self.end,
-            stop,
+            self.end if stop is None else stop,
         )
 
     def _on_event(self) -> None:
@@ -316,7 +314,7 @@ class Loop:
         (after the hooks' ``failed``, which may raise instead).
         """
         stop = min(stop, self.end)
-        next_event = self._next_event(self.carry.n, stop)
+        next_event = self.next_event(self.carry.n, stop)
         try:
             while self.carry.n < stop:
                 drawn = self.source.draw(min(self.chunk, stop - self.carry.n))
@@ -328,7 +326,7 @@ class Loop:
                     i += count
                     if self.carry.n == next_event:
                         self._on_event()
-                        next_event = self._next_event(self.carry.n, stop)
+                        next_event = self.next_event(self.carry.n, stop)
         except BaseException as error:
             if not isinstance(error, DivergenceError):
                 for hook in self.hooks:

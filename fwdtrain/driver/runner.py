@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import _compat
 from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
@@ -147,9 +146,7 @@ def setup(
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
     source = _positioned(source, first, history)
-    forward_traceable = options.route == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE
-    mode = "reverse" if options.enabled is not False and not forward_traceable else "auto"
-    stepping = Stepping(trainable, dt, trainable.plan(state, mode), schedule, _reduce(hooks))
+    stepping = Stepping(trainable, dt, trainable.plan(state, options.derivative_mode()), schedule, _reduce(hooks))
     example = torch.zeros((options.chunk, *trainable.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
     stepper = steppers.stepper(
         stepping._replace(dt=float(dt)) if options.enabled is not False else stepping,
