@@ -154,7 +154,7 @@ def test_milstein_refuses_general_noise_and_names_the_alternative():
 
 def test_solver_names_and_bad_solvers():
     assert ft.core.solvers.as_solver("Heun") == ft.Heun()
-    with pytest.raises(ValueError, match=r"unknown solver 'rk4'; choose one of \['euler', 'heun', 'milstein'\]"):
+    with pytest.raises(ValueError, match=r"unknown solver 'rk4'; choose one of \['euler', 'heun', 'milstein'"):
         ft.core.solvers.as_solver("rk4")
     with pytest.raises(TypeError, match="solver must be a fwdtrain solver"):
         ft.core.solvers.as_solver(object())

@@ -25,6 +25,41 @@ from . import _checks
 BLOCK = 64  # steps per generator call; part of the definition of the default stream
 
 
+def stream_at(source: Any, position: int, continued: bool) -> Any:
+    """A stream of draws cannot jump: ``source`` itself when it is at step ``position``, else a clear error."""
+    if source.position != position:
+        raise ValueError(
+            f"the noise source is at step {source.position} but the run starts at step {position}; "
+            + (
+                "continue from the Run (or checkpoint) that carries its position"
+                if continued
+                else "pass a fresh source (or its state_dict position) for a new run"
+            )
+        )
+    return source
+
+
+class _Indexed:
+    """A source indexed by the step count (``TensorNoise``, ``FunctionNoise``): it can be put at any step."""
+
+    kind: str
+    position: int
+
+    def copy(self) -> Any:
+        raise NotImplementedError
+
+    def seek(self, position: int, continued: bool) -> Any:
+        """This source at step ``position`` (row n of a tensor, fn(n) of a function)."""
+        self.position = position
+        return self
+
+    def rewound(self, saved: dict, dtype: torch.dtype, device: torch.device) -> Any:
+        """A copy at the position ``saved`` (its ``state_dict``)."""
+        twin = self.copy()
+        twin.position = int(saved[self.kind]["position"])
+        return twin
+
+
 class BrownianNoise:
     """Seeded Gaussian increments N(0, dt I_m) for N particles, drawn in blocks of ``block`` steps.
 
@@ -158,6 +193,14 @@ class BrownianNoise:
         """An independent source at the same position."""
         return BrownianNoise.from_state_dict(self.state_dict(), self.dtype, self.device)
 
+    def seek(self, position: int, continued: bool) -> BrownianNoise:
+        """A stream: this source, if it is at step ``position`` (``stream_at``)."""
+        return stream_at(self, position, continued)
+
+    def rewound(self, saved: dict, dtype: torch.dtype, device: torch.device) -> BrownianNoise:
+        """A copy at the position ``saved`` (its ``state_dict``)."""
+        return BrownianNoise.from_state_dict(saved, dtype, device)
+
     def __repr__(self) -> str:
         return (
             f"BrownianNoise(shape={self.shape}, dt={self.dt}, seed={self.seed}, dtype={self.dtype}, "
@@ -165,7 +208,7 @@ class BrownianNoise:
         )
 
 
-class TensorNoise:
+class TensorNoise(_Indexed):
     """User increments: row n of ``increments`` (steps, N, m) is dW_n, n counted from the start of training
     ((steps, E, N, m) for an ensemble: ``fwdtrain.ensemble``)."""
 
@@ -212,7 +255,7 @@ class TensorNoise:
         return TensorNoise(self.increments, self.position)
 
 
-class FunctionNoise:
+class FunctionNoise(_Indexed):
     """User increments from ``fn(start, count) -> (count, N, m)``: dW_start, ..., dW_{start+count-1}.
 
     ``fn`` must be a pure function of the step index (so results do not depend

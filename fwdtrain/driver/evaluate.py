@@ -18,6 +18,7 @@ import torch
 from ..compile.options import as_compile
 from ..core import _checks
 from ..core._tree import leaves
+from ..core.errors import DivergenceError
 from ..core.problem import SDE
 from ..core.sensitivity import Theta
 from ..core.solvers import Solver, as_solver
@@ -88,6 +89,7 @@ def stationary_cost(
     Raises:
         TypeError: Inside a ``torch.func`` transform (use ``average_cost``).
         ValueError: For bad counts, a non-positive dt or a solver that does not take this noise.
+        DivergenceError: Paths that became non-finite (never a NaN estimate).
     """
     _refuse_transformed((theta, x0, dt))
     dtype, device = _checks.check_theta(theta, allow_low_precision=True)
@@ -104,7 +106,20 @@ def stationary_cost(
     start = problem.start(theta, x0, particles)
     with torch.no_grad():  # floats out: nothing to differentiate; a closure's grad-tracking tensors stay graph-free
         # one record and one divergence check at the end (and the loop's check after the first step)
-        end, _ = run(problem, start, steps, dt, 0.0, seed, compile=options, save=SaveAt(steps), checks=Checks(steps))
+        try:
+            end, _ = run(
+                problem, start, steps, dt, 0.0, seed, compile=options, save=SaveAt(steps), checks=Checks(steps)
+            )
+        except DivergenceError as error:
+            raise DivergenceError(
+                f"stationary_cost: the paths became non-finite by step {error.step} (t = {error.step * float(dt):.4g}) "
+                f"with theta frozen; the SDE is not ergodic at this theta, or dt = {float(dt)} is too large for it",
+                step=error.step,
+                last_finite_step=error.last_finite_step,
+                state=error.state,
+                history=error.history,
+                culprit=error.culprit,
+            ) from None
     _refuse_transformed(end.x)  # the SDE closes over a tensor of an enclosing transform
     total = end.x_tilde / (steps - burn_in)
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())

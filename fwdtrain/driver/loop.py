@@ -19,7 +19,7 @@ import torch
 from ..core import _checks
 from ..core.errors import DivergenceError
 from ..core.history import History, Record, build, empty_records
-from ..core.noise import BrownianNoise, FunctionNoise, Noise, TensorNoise
+from ..core.noise import Noise
 from ..core.state import State
 from ..optim import Average
 from ..problems.trainable import Schedule, Trainable
@@ -344,13 +344,7 @@ def _padded(block: torch.Tensor, length: int) -> torch.Tensor:
 
 def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:
     """A copy of ``source`` at the position ``saved`` (its ``state_dict``), or None if it cannot be rewound."""
-    if isinstance(source, BrownianNoise):
-        return BrownianNoise.from_state_dict(saved, state.x.dtype, state.x.device)
-    if isinstance(source, (TensorNoise, FunctionNoise)):
-        copy = source.copy()
-        copy.position = int(saved[source.kind]["position"])
-        return copy
-    return None
+    return source.rewound(saved, state.x.dtype, state.x.device)
 
 
 __all__ = ["Carry", "Loop", "check_learning_rate"]

@@ -17,7 +17,7 @@ from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
 from ..core.kernel import GradientReduce, LearningRate
-from ..core.noise import FunctionNoise, NoiseLike, TensorNoise
+from ..core.noise import NoiseLike
 from ..core.solvers import Solver
 from ..core.state import State
 from ..optim import GradientTransformation
@@ -63,19 +63,8 @@ def split_start(start: Any) -> tuple[State, History | None]:
 
 def _positioned(source: Any, start: int, history: History | None) -> Any:
     """The noise source at step ``start``: a tensor or function is indexed by the step count; a stream must
-    already be there."""
-    if isinstance(source, (TensorNoise, FunctionNoise)):
-        source.position = start
-    elif source.position != start:
-        raise ValueError(
-            f"the noise source is at step {source.position} but the run starts at step {start}; "
-            + (
-                "continue from the Run (or checkpoint) that carries its position"
-                if history is not None
-                else "pass a fresh source (or its state_dict position) for a new run"
-            )
-        )
-    return source
+    already be there (each source says which it is: ``seek``)."""
+    return source.seek(start, history is not None)
 
 
 def _reduce(hooks: tuple[Hook, ...]) -> GradientReduce | None:

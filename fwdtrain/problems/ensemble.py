@@ -35,7 +35,7 @@ from ..core import _checks
 from ..core._tree import leaves, leaves_with_paths, squared_norm, tree_map
 from ..core.history import FIELDS, History
 from ..core.kernel import StepInfo
-from ..core.noise import BrownianNoise, NoiseLike
+from ..core.noise import BrownianNoise, NoiseLike, stream_at
 from ..core.solvers import Solver
 from ..core.state import State
 from ..core.state import init as _init_member
@@ -284,6 +284,14 @@ class EnsembleNoise:
 
     def copy(self) -> EnsembleNoise:
         return EnsembleNoise(self.sources)
+
+    def seek(self, position: int, continued: bool) -> EnsembleNoise:
+        """E streams: this source, if it is at step ``position``."""
+        return stream_at(self, position, continued)
+
+    def rewound(self, saved: dict, dtype: torch.dtype, device: torch.device) -> None:
+        """Not rewound: a failed check of an ensemble freezes its members instead."""
+        return None
 
     def __repr__(self) -> str:
         return f"EnsembleNoise({len(self.sources)} members, position={self.position})"

@@ -1,0 +1,33 @@
+"""``stationary_cost`` runs through ``run``'s loop: its estimate is the time average of a frozen-theta run,
+compiled or not, and paths that blow up raise instead of giving a NaN estimate."""
+
+import pytest
+import torch
+
+import fwdtrain as ft
+from fwdtrain.core.evaluate import average_cost
+from fwdtrain.core.noise import BrownianNoise
+
+F64 = torch.float64
+
+
+def _ou():
+    sde = ft.SDE(lambda th, x: -th["k"] * x, lambda th, x: torch.ones_like(x), lambda th, x: (x * x).sum())
+    return sde, {"k": torch.tensor(1.0, dtype=F64)}
+
+
+def test_it_equals_the_pure_average_cost_on_the_runs_own_noise():
+    sde, theta = _ou()
+    x0 = torch.zeros(1, dtype=F64)
+    estimate = ft.stationary_cost(sde, theta, x0, particles=16, dt=0.05, steps=200, burn_in=40, seed=4, compile=False)
+    dw = BrownianNoise((16, 1), 0.05, seed=4, dtype=F64).draw(200)
+    per_particle = average_cost(sde, theta, x0, dw, 0.05, burn_in=40)
+    assert estimate.mean == pytest.approx(float(per_particle.mean()), rel=1e-12)
+    assert estimate.stderr == pytest.approx(float(per_particle.std() / 16**0.5), rel=1e-9)
+
+
+def test_stationary_cost_of_diverging_paths_raises_instead_of_returning_nan():
+    sde = ft.SDE(lambda th, x: th["k"] * x**3, lambda th, x: torch.ones_like(x), lambda th, x: (x * x).sum())
+    theta = {"k": torch.tensor(5.0, dtype=F64)}
+    with pytest.raises(ft.errors.DivergenceError, match="stationary_cost: the paths became non-finite"):
+        ft.stationary_cost(sde, theta, torch.ones(1, dtype=F64), particles=10, dt=0.1, steps=400, burn_in=10)
