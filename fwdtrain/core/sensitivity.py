@@ -297,7 +297,9 @@ def linearise(
     mode: str = "reverse",
     route: Route = "auto",
 ) -> Linearisation:
-    """Coefficients of one particle x (d,) and their total derivatives along x_tilde (leaf s -> (d, *s)).
+    """Coefficients of one particle x (d,) and their total derivatives along x_tilde (leaf s -> (d, *s)); for
+    N particles x (N, d) and x_tilde leaves (N, d, *s), shared theta, one ``vmap`` (every tensor gains a
+    leading N; an "auto" route decided once, at the first particle).
 
     ``problem`` is an ``SDE`` (or ``ControlledSDE``, whose ``route`` "auto" takes the structure-aware
     route where it pays, "structured" forces it) or a plain function (theta, x) -> (mu, sigma, c).
@@ -308,6 +310,8 @@ def linearise(
         raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
     if mode not in ("reverse", "forward"):
         raise ValueError(f"mode must be 'reverse' or 'forward', got {mode!r}")
+    if x.ndim == 2:
+        return _linearise_particles(problem, theta, x, x_tilde, mode, route)
     if not hasattr(problem, "linearise_terms"):
         function = problem
 
@@ -324,25 +328,22 @@ def linearise(
     )
 
 
-def linearise_particles(
-    problem: Linearisable | Callable[[Theta, torch.Tensor], Any],
-    theta: Theta,
-    x: torch.Tensor,
-    x_tilde: Any,
-    mode: str = "reverse",
-    route: Route = "auto",
+def _linearise_particles(
+    problem: Any, theta: Theta, x: torch.Tensor, x_tilde: Any, mode: str, route: str
 ) -> Linearisation:
-    """``linearise`` for N particles x (N, d) and x_tilde (leaves (N, d, *s)), shared theta: one ``vmap``; every
-    tensor gains a leading N. An "auto" route is decided once, at the first particle."""
+    """``linearise`` for N particles x (N, d), shared theta: one ``vmap``; the "auto" route decided at the first."""
     if route == "auto" and hasattr(problem, "plan_at"):
         route = problem.plan_at(theta, x[0], mode, route).route
 
     def one(xi: torch.Tensor, xti: Any) -> tuple[Terms, Terms]:
-        value, total = linearise(problem, theta, xi, xti, mode, route)
+        value, total = linearise(problem, theta, xi, xti, mode, route)  # type: ignore[arg-type]
         return dict(value._asdict()), {k: v for k, v in total._asdict().items() if v is not None}
 
     value, total = over_particles(one, x, x_tilde)
     return Linearisation(Coefficients(**value), Coefficients._make((total["mu"], total.get("sigma"), total["cost"])))
+
+
+linearise_particles = linearise  # the same function: x (N, d) and x_tilde leaves (N, d, *s) give N particles
 
 
 __all__ = [

@@ -110,16 +110,12 @@ def stationary_cost(
             end, _ = run(
                 problem, start, steps, dt, 0.0, seed, compile=options, save=SaveAt(steps), checks=Checks(steps)
             )
-        except DivergenceError as error:
-            raise DivergenceError(
+        except DivergenceError as error:  # the same error (its last good state kept), in this function's words
+            error.args = (
                 f"stationary_cost: the paths became non-finite by step {error.step} (t = {error.step * float(dt):.4g}) "
                 f"with theta frozen; the SDE is not ergodic at this theta, or dt = {float(dt)} is too large for it",
-                step=error.step,
-                last_finite_step=error.last_finite_step,
-                state=error.state,
-                history=error.history,
-                culprit=error.culprit,
-            ) from None
+            )
+            raise
     _refuse_transformed(end.x)  # the SDE closes over a tensor of an enclosing transform
     total = end.x_tilde / (steps - burn_in)
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())

@@ -35,23 +35,26 @@ class Checks(NamedTuple):
     bound: float | None = None
 
 
+def _events_option(value: Any, kind: Any, argument: str) -> Any:
+    """``kind()`` for None, else ``value`` if it is a ``kind`` with a positive ``every``; a clear error otherwise."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        fields = ", ".join(f"{name}=..." for name in kind._fields)
+        raise TypeError(f"{argument} must be a fwdtrain.{kind.__name__}({fields}), got {type(value).__name__}")
+    _checks.check_count(value.every, f"{kind.__name__}(every=...)")
+    return value
+
+
 def check_save(save: Any) -> SaveAt:
-    if save is None:
-        return SaveAt()
-    if not isinstance(save, SaveAt):
-        raise TypeError(f"save must be a fwdtrain.SaveAt(every=..., record=...), got {type(save).__name__}")
-    _checks.check_count(save.every, "SaveAt(every=...)")
+    save = _events_option(save, SaveAt, "save")
     if save.record is not None and not callable(save.record):
         raise TypeError(f"SaveAt(record=...) must be a function of the state, got {type(save.record).__name__}")
     return save
 
 
 def check_checks(checks: Any) -> Checks:
-    if checks is None:
-        return Checks()
-    if not isinstance(checks, Checks):
-        raise TypeError(f"checks must be a fwdtrain.Checks(every=..., bound=...), got {type(checks).__name__}")
-    _checks.check_count(checks.every, "Checks(every=...)")
+    checks = _events_option(checks, Checks, "checks")
     bound = checks.bound
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0):
         raise ValueError(f"Checks(bound=...) must be a positive number or None, got {bound!r}")
