@@ -5,7 +5,9 @@ is a pure function (state in, new state out) and ``run`` loops over it with a hi
 
 The layers, from the ground up (each imports only those below it): ``optim`` and ``core`` (the maths),
 ``compile`` (compiled steps), ``problems`` (what is trained), ``driver`` (the run), then
-``distributed`` and ``examples``, and ``cli`` (``python -m fwdtrain``).
+``distributed`` and ``examples``, and ``cli`` (``python -m fwdtrain``). The submodules a user writes
+have short public paths (``fwdtrain.schedules``, ``noise``, ``errors``, ``calibration``, ``sgdct``,
+``ensemble``): small modules that re-export their layer's names.
 """
 
 # ruff: noqa: I001  (the public face, grouped by what a user writes, not sorted)
@@ -31,22 +33,17 @@ from .core.history import History
 from .driver.checkpoint import save, load
 from .driver.evaluate import stationary_cost
 
-# Errors
+# Errors (and fwdtrain.errors, which also holds CheckpointWriteError)
 from .core.errors import DivergenceError, CheckpointError
+from . import errors
 
-# Submodules: schedules, update rules, other kinds of problems, processes, built-in problems
-from .core import schedules
+# Submodules: schedules and noise sources, update rules, other kinds of problems, processes, built-in problems
+from . import schedules, noise
 from . import optim
-from .problems import calibration, sgdct, ensemble
+from . import calibration, sgdct, ensemble
 from . import distributed, examples
 
-# Public paths not in __all__: fwdtrain.noise, fwdtrain.errors; and the finder of 0.2's module paths
-from .core import noise, errors  # noqa: F401
-from . import _legacy
-
-_legacy.install()
-
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [  # noqa: RUF022  (grouped by concept, as above)
     "SDE", "ControlledSDE", "functional", "mlp",
@@ -54,11 +51,6 @@ __all__ = [  # noqa: RUF022  (grouped by concept, as above)
     "State", "init", "step", "step_with_info", "jit_step",
     "run", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
     "History", "save", "load", "stationary_cost",
-    "DivergenceError", "CheckpointError",
-    "schedules", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples",
+    "DivergenceError", "CheckpointError", "errors",
+    "schedules", "noise", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples",
 ]  # fmt: skip
-
-
-def __getattr__(attribute: str) -> object:
-    """0.2's names that left the public face: an alias for one release, or a clear error (``_legacy.NAMES``)."""
-    return _legacy.name(attribute)

@@ -6,7 +6,6 @@ writes JSON with the expected rows. The JAX rows appear only when jax is install
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +14,6 @@ import pytest
 
 pytestmark = pytest.mark.slow  # minutes in all; .ci/run runs them (pytest -m slow)
 ROOT = Path(__file__).resolve().parent.parent
-# 0.2's names and keywords are errors in the scripts too (their warnings start with these words)
-DEPRECATED = ",".join(
-    f"error:{start}:DeprecationWarning" for start in ("fwdtrain.", "fwdtrain 0.3", "the module fwdtrain.")
-)
 HAS_JAX = importlib.util.find_spec("jax") is not None
 
 
@@ -27,7 +22,6 @@ def run_module(module: str, tmp_path: Path, *args: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", *args, "--out", str(out)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONWARNINGS": DEPRECATED},
         capture_output=True,
         text=True,
         timeout=300,

@@ -5,12 +5,10 @@ The pins (hex floats) and the checkpoint were written by ``tests/data/make_pins_
 Another CPU (AVX-512 against AVX2 kernels, another summation order) rounds differently by an ulp, and the
 runs carry that ulp forward; so the pins are compared to a relative 1e-6 of each tensor's largest entry,
 far below any change of the algorithm (a different update or time index moves them by 1e-3 or more).
+0.2's names, module paths and keywords are gone since 0.4 (``tests/test_public_face.py``).
 """
 
-import importlib
 import json
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -129,73 +127,3 @@ def test_a_checkpoint_written_by_0_2_loads_and_resumes_to_0_2s_continuation():
     resumed = json.loads((DATA / "checkpoint_0_2_resumed.json").read_text())
     assert_close_to_pin(state.theta["weight0"], resumed["resumed_weight0"], "resumed weight0")
     assert history.steps == 70
-
-
-def test_0_2_run_keywords_still_work_for_one_release_with_a_warning():
-    ex = ft.examples.lqr_1d(particles=8)
-    start = ft.init(ex.sde, ex.theta, ex.x0, 8)
-    with pytest.warns(DeprecationWarning, match=r"seed=s -> noise=s.*record_every=, record= -> save=SaveAt"):
-        state, history = ft.run(ex.sde, start, 300, ex.dt, ex.lr, seed=3, record_every=100, compile=False)
-    assert_pinned("lqr1d_f32", {"theta.weight1": state.theta["weight1"], "average_cost": history.average_cost})
-
-
-@pytest.mark.parametrize(
-    ("old", "module", "new"),
-    [
-        ("Coefficients", "fwdtrain.core.sensitivity", "Coefficients"),
-        ("BrownianNoise", "fwdtrain.core.noise", "BrownianNoise"),
-        ("check_compatible", "fwdtrain.driver.checkpoint", "check_compatible"),
-        ("Trainable", "fwdtrain.problems.trainable", "Trainable"),
-        ("cache_dir", "fwdtrain.compile.cache", "cache_dir"),
-    ],
-)
-def test_a_moved_top_level_name_is_an_alias_that_names_its_new_home(old, module, new):
-    with pytest.warns(DeprecationWarning, match=rf"fwdtrain.{old} moved to {module}.{new} in 0.3"):
-        alias = getattr(ft, old)
-    assert alias is getattr(importlib.import_module(module), new)
-
-
-@pytest.mark.parametrize(
-    ("old", "says"),
-    [
-        ("step_function", "problem.advance"),
-        ("compile_advance", "step(..., compile=True)"),
-        ("run_ensemble", "fwdtrain.ensemble.Ensemble(problem, E)"),
-        ("choose_compilation", 'compile="auto"'),
-    ],
-)
-def test_a_removed_top_level_name_says_what_replaced_it(old, says):
-    with pytest.raises(AttributeError, match="removed in 0.3") as raised:
-        getattr(ft, old)
-    assert says in str(raised.value)
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        ft.no_such_name  # noqa: B018
-
-
-def test_0_2_module_paths_import_with_a_warning_and_public_short_paths_without():
-    for name in [m for m in sys.modules if m in ("fwdtrain.euler", "fwdtrain.stepping")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match=r"fwdtrain.euler moved to fwdtrain.core.kernel"):
-        euler = importlib.import_module("fwdtrain.euler")
-    assert euler.propagate is ft.core.kernel.propagate
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from fwdtrain.noise import BrownianNoise
-        from fwdtrain.schedules import inverse_time
-    assert BrownianNoise is ft.core.noise.BrownianNoise and inverse_time is ft.schedules.inverse_time
-
-
-@pytest.mark.parametrize(
-    ("call", "says"),
-    [
-        (lambda ex: ft.calibration.run(ex.problem), "fwdtrain.run"),
-        (lambda ex: ft.sgdct.fit(ex.problem), "fwdtrain.run"),
-        (lambda ex: ft.ensemble.run(ex.problem), "fwdtrain.run"),
-        (lambda ex: ex.train(steps=10), "fwdtrain.run"),
-    ],
-)
-def test_removed_entry_points_of_problems_say_to_use_run(call, says):
-    ex = ft.examples.ou_calibration(particles=4)
-    with pytest.raises(AttributeError, match="removed in fwdtrain 0.3") as raised:
-        call(ex)
-    assert says in str(raised.value)

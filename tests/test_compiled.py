@@ -344,10 +344,6 @@ def test_an_unrolled_loop_equals_eager_for_counts_that_are_not_multiples_of_its_
     assert_trees_close(unrolled, eager)  # segments of 1, 9, 10 and 7 steps: whole and partial iterations
 
 
-def test_unroll_is_checked_and_is_what_0_2s_fuse_became():
+def test_unroll_is_checked():
     with pytest.raises(ValueError, match=r"Compile\(unroll=...\)"):
         ft.compile.options.as_compile(ft.Compile(True, unroll=0))
-    from fwdtrain.driver.legacy import translate
-
-    _, kwargs, said = translate((), {"compile": "auto"}, {"fuse": 4})
-    assert kwargs["compile"] == ft.Compile(True, unroll=4) and "unroll=K" in said[0]

@@ -3,8 +3,8 @@ reproducibility, rank-0-only output, failures that end the whole group (gloo on 
 command line under torchrun with a group checkpoint and resume.
 
 The multi-process tests launch 2 or 3 local processes with ``fwdtrain.distributed.launch`` (forked from
-a server that imports torch once; every launch bounded by a timeout, overrunning processes killed); one
-test starts the real ``torchrun -m fwdtrain``.
+a server that imports torch once; every launch bounded by a timeout, overrunning processes killed); the
+test_cli_* tests start the real ``torchrun -m fwdtrain``.
 """
 
 from __future__ import annotations
@@ -643,6 +643,71 @@ def test_an_ensemble_on_two_ranks_equals_one_process():
     assert torch.equal(ranks[0][0].theta["weight1"], ranks[1][0].theta["weight1"])  # one theta per member
     offset = particles[0]
     torch.testing.assert_close(ranks[1][0].x, reference.state.x[:, offset:], rtol=1e-12, atol=1e-14)
+
+
+def _tiny(*, particles=3, dt=DT, steps=STEPS, lr=LR, seed=0, dtype=torch.float64):
+    """lqr-1d with a 4-unit network and an evaluate that reads theta only, for the command line on a group."""
+    ex = ft.examples.lqr_1d(particles=particles, dt=dt, steps=steps, lr=lr, seed=seed, dtype=dtype, hidden=4)
+    return ex._replace(
+        name="tiny",
+        lr=ft.schedules.constant(lr),
+        evaluate=lambda theta: {"slope": ft.examples.linear_slope(ex.sde.control, theta)},
+    )
+
+
+def _cli_tiny_worker(folder: str, argv: list[str]):
+    ft.examples.REGISTRY["tiny"] = _tiny
+    return _cli_worker(folder, argv)
+
+
+def test_cli_ensemble_on_two_ranks_equals_one_process_and_prints_every_member_once(tmp_path):
+    """--ensemble 3 under a group: every rank steps the 3 members on its own particles; each member equals one
+    process with both ranks' particles driven by the ranks' streams (rank seed + e) side by side, and rank 0
+    alone prints one JSON object with the 3 members."""
+    argv = ["tiny", "--ensemble", "3", "--particles", "3", "--no-compile", "--json", "--checkpoint", "e.pt"]
+    ranks = D.launch(_cli_tiny_worker, 2, (str(tmp_path), argv), timeout=LAUNCH_TIMEOUT)
+    assert [code for code, _ in ranks] == [0, 0] and ranks[1][1] == ""
+    lines = ranks[0][1].splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out["ensemble"] == 3 and out["processes"] == 2 and out["seeds"] == [0, 2]
+    assert [m["seed"] for m in out["members"]] == [0, 1, 2] and out["diverged"] == []
+
+    particles, members = [3, 3], 3
+    noise = torch.stack(
+        [
+            torch.cat(
+                [
+                    ft.noise.BrownianNoise((n, 1), DT, seed=D.rank_seed(0, r) + e, dtype=torch.float64).draw(STEPS)
+                    for r, n in enumerate(particles)
+                ],
+                dim=1,
+            )
+            for e in range(members)
+        ],
+        dim=1,
+    )  # (steps, E, sum(particles), 1)
+    runs = [_tiny(particles=sum(particles), seed=e) for e in range(members)]
+    start = ft.ensemble.stack([ex.initial_state() for ex in runs])
+    problem = ft.ensemble.Ensemble(runs[0].trainable, members)
+    reference = ft.run(problem, start, STEPS, DT, runs[0].lr, noise, compile=False)
+    saved = ft.load(tmp_path / "e.pt")
+    assert saved.metadata["world_size"] == 2 and saved.metadata["ensemble"] == members
+    for name, leaf in reference.state.theta.items():
+        torch.testing.assert_close(saved.state.theta[name], leaf, rtol=1e-12, atol=1e-14)
+    for e, member in enumerate(out["members"]):
+        slope = runs[e].evaluate(ft.ensemble.member(reference.state, e).theta)["slope"]
+        assert member["metrics"]["slope"]["learned"] == pytest.approx(slope, rel=1e-10)
+
+
+def test_cli_ensemble_under_torchrun_prints_every_member_once(tmp_path):
+    done = _torchrun(tmp_path, "lqr-1d", "--ensemble", "3", "--steps", "30", "--particles", "4", "--json")
+    assert done.returncode == 0, done.stderr[:4000]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    out = json.loads(lines[0])
+    assert out["ensemble"] == 3 and out["processes"] == 2 and len(out["members"]) == 3
+    assert [m["seed"] for m in out["members"]] == [0, 1, 2] and out["exit_status"] == 0
 
 
 class _RouteSeen(ft.driver.hooks.Hook):

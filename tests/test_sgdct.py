@@ -62,8 +62,6 @@ def test_single_path_and_errors():
     assert torch.equal(same.theta["kappa"], state.theta["kappa"])  # the data given to the problem, or as noise
     with pytest.raises(ValueError, match="shape"):
         ft.run(sgdct.DriftEstimation(model, single=True, increments=increments[:, :0]), start, 50, 0.02, 0.5)
-    with pytest.raises(AttributeError, match="sgdct.fit was removed in fwdtrain 0.3"):
-        _ = sgdct.fit
     with pytest.raises(TypeError, match="SGDCTState"):
         sgdct.step(model, theta, torch.ones(1, dtype=torch.float64), increments[0], 0.02, 0.5)
     with pytest.raises(ValueError, match="dt must be positive"):

@@ -20,7 +20,8 @@ With ``--json`` the command prints exactly one JSON object: the results, or for 
 Under ``torchrun --nproc-per-node R -m fwdtrain ...`` every rank runs this same command: each simulates
 ``--particles`` particles with its own noise (``distributed.rank_seed``), the gradient is averaged over the
 group every step, and rank 0 alone prints, plots, evaluates and writes one checkpoint holding every rank's
-particles.
+particles. With ``--ensemble E`` every rank steps the same E members on its own particles (member e's noise
+seeded with rank seed + e): each member is the group's run, and rank 0 prints all E.
 """
 
 from __future__ import annotations

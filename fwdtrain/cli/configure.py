@@ -206,8 +206,6 @@ def prepare(args: argparse.Namespace, named: bool) -> Job:
         raise UsageError(
             f"{problem} estimates from observed paths in one process: run it without torchrun and without --ensemble"
         )
-    if grouped and count is not None:
-        raise UsageError("--ensemble runs in one process; run it without torchrun")
     members = (
         None if count is None else [examples.REGISTRY[problem](**{**options, "seed": seed + e}) for e in range(count)]
     )

@@ -148,7 +148,7 @@ def _output_options(add: Callable[..., Any]) -> None:
         "--ensemble",
         type=_positive_int,
         metavar="E",
-        help="train seeds seed .. seed+E-1 as one vmapped run "
+        help="train seeds seed .. seed+E-1 as one vmapped run (under torchrun: on every rank's particles) "
         "and print each member's result and the mean and standard deviation over members (no plot)",
     )
 

@@ -182,6 +182,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
     return {
         "problem": job.problem,
         "ensemble": len(results),
+        "processes": job.size,
         "seeds": [job.seed, job.seed + len(results) - 1],
         "members": results,
         "summary": summary,
@@ -265,8 +266,10 @@ def ensemble_table(result: dict[str, Any]) -> str:
     blocks = [table(member) for member in result["members"]]
     first, last = result["seeds"]
     kept = result["ensemble"] - len(result["diverged"])
+    processes = result.get("processes", 1)
+    where = "one vmapped run" if processes == 1 else f"one vmapped run on each of {processes} processes"
     lines = [
-        f"ensemble of {result['ensemble']} members (seeds {first}..{last}) in one vmapped run: mean and "
+        f"ensemble of {result['ensemble']} members (seeds {first}..{last}) in {where}: mean and "
         f"standard deviation over the {kept} members that did not diverge",
         f"{'metric':<12}{'mean':>14}{'std':>14}{'reference':>14}",
     ]

@@ -39,9 +39,10 @@ def _hooks(job: Job) -> tuple[Hook, ...]:
 
 def _run(job: Job, options: dict[str, Any]) -> tuple[Any, Any]:
     example = job.example
-    if job.grouped:  # the same run on every rank: the group's gradient, per-rank noise
+    members = None if job.members is None else ensemble.Ensemble(example.trainable, len(job.members))
+    if job.grouped:  # the same run on every rank: the group's gradient, per-rank noise (member e: rank seed + e)
         return distributed.distributed_run(
-            example.trainable,
+            example.trainable if members is None else members,
             job.start,
             job.remaining,
             example.dt,
@@ -50,9 +51,8 @@ def _run(job: Job, options: dict[str, Any]) -> tuple[Any, Any]:
             checks=Checks(min(100, job.args.record_every)),
             **options,
         )
-    if job.members is not None:  # E seeds, one vmapped run
-        problem = ensemble.Ensemble(example.trainable, len(job.members))
-        return run(problem, job.start, job.remaining, example.dt, job.lr, job.seed, **options)
+    if members is not None:  # E seeds, one vmapped run
+        return run(members, job.start, job.remaining, example.dt, job.lr, job.seed, **options)
     return run(
         example.trainable,
         job.start,

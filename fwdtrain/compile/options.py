@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from .. import _compat
 from ..core import _checks
 
-ROUTES = ("aot", "dynamo")
+Route = Literal["aot", "dynamo"]
+ROUTES: tuple[str, ...] = get_args(Route)
 
 
 class Compile(NamedTuple):
@@ -34,7 +35,7 @@ class Compile(NamedTuple):
     """
 
     enabled: bool | Literal["auto"] = "auto"
-    route: Literal["aot", "dynamo"] = "aot"
+    route: Route = "aot"
     backend: str = "inductor"
     chunk: int = 1024
     verify: bool = True
@@ -77,4 +78,4 @@ def as_compile(value: Any) -> Compile:
     return options
 
 
-__all__ = ["ROUTES", "Compile", "as_compile"]
+__all__ = ["ROUTES", "Compile", "Route", "as_compile"]

@@ -8,8 +8,8 @@ A history holds R records. Record r is taken at step n_r and holds
 
 with ``theta`` (or whatever the driver was told to record) stacked over records, and, when the state
 carries a Polyak-Ruppert average, ``theta_average`` (the running mean of theta at each record).
-Every training loop in fwdtrain (``run``, ``sgdct.fit``, ``distributed.distributed_run``)
-builds its history here.
+Every training loop in fwdtrain (``run``, and ``distributed.distributed_run`` through it) builds its
+history here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch.func import jacfwd, jacrev, jvp
@@ -36,6 +36,7 @@ from torch.func import jacfwd, jacrev, jvp
 from .. import _compat
 from ._tree import leaves_with_paths, size
 from .sensitivity import (
+    ROUTES,
     Coefficients,
     Plan,
     Terms,
@@ -51,7 +52,7 @@ Diffusion = Callable[[Theta, torch.Tensor], torch.Tensor]
 Cost = Callable[[Theta, torch.Tensor], torch.Tensor]
 Control = Callable[[Theta, torch.Tensor], torch.Tensor]
 NoiseType = Literal["additive", "diagonal", "general"]
-NOISE_TYPES = ("additive", "diagonal", "general")
+NOISE_TYPES: tuple[str, ...] = get_args(NoiseType)
 
 
 def _check_declared(noise_type: Any, owner: str) -> None:
@@ -157,8 +158,8 @@ class SDE:
     ) -> Plan:
         """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,);
         an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored)."""
-        if route not in ("auto", "structured", "generic"):
-            raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         return self.route_plan(theta, x, mode, route, names)
 
     def route_plan(self, theta: Theta, x: torch.Tensor, mode: str, route: str, names: tuple[str, ...]) -> Plan:

@@ -36,7 +36,7 @@ flops against the generic n (B + d), with n output numbers and B ~ 3 the cost of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, get_args
 
 import torch
 from torch.func import jacfwd, vjp, vmap
@@ -49,9 +49,9 @@ Terms = dict[str, torch.Tensor]  # named coefficients of one particle (or of N p
 TermsFn = Callable[[Theta, torch.Tensor], Terms]
 
 Mode = Literal["auto", "reverse", "forward"]
-MODES = ("auto", "reverse", "forward")
+MODES: tuple[str, ...] = get_args(Mode)
 Route = Literal["auto", "structured", "generic"]
-ROUTES = ("auto", "structured", "generic")
+ROUTES: tuple[str, ...] = get_args(Route)
 
 
 class Coefficients(NamedTuple):
@@ -307,7 +307,7 @@ def linearise(
     ``total.sigma`` is None for a diffusion declared additive.
     """
     if route not in ROUTES:
-        raise ValueError(f"route must be 'auto', 'structured' or 'generic', got {route!r}")
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     if mode not in ("reverse", "forward"):
         raise ValueError(f"mode must be 'reverse' or 'forward', got {mode!r}")
     if x.ndim == 2:

@@ -5,8 +5,7 @@
 - ``hooks``: ``Progress``, ``Checkpointing``, ``Callback``, ``GradientHook`` and the ``Hook`` base class;
 - ``loop``: the ``Loop`` itself; ``steppers``: eager or compiled steps, chosen once;
 - ``checkpoint``: ``save``, ``load``, ``check_compatible`` (atomic, weights_only, digest-checked files);
-- ``evaluate``: ``stationary_cost`` (J with theta frozen, for reports);
-- ``legacy``: 0.2's keywords of ``run``, accepted for one release.
+- ``evaluate``: ``stationary_cost`` (J with theta frozen, for reports).
 """
 
 from .checkpoint import Checkpoint, check_compatible, load, save

@@ -26,7 +26,6 @@ from ..problems.trainable import Trainable
 from . import steppers
 from .checkpoint import Checkpoint
 from .hooks import Hook, check_hooks
-from .legacy import accepts_0_2_keywords
 from .loop import Loop, check_learning_rate, continued
 from .options import Checks, SaveAt, check_checks, check_save
 from .steppers import Carry, Stepping
@@ -164,7 +163,6 @@ def setup(
     return loop
 
 
-@accepts_0_2_keywords
 def run(
     problem: Any,
     start: Any,

@@ -66,14 +66,6 @@ class Example(NamedTuple):
         takes_solver = "solver" in parameters or len(parameters) > 1
         return self.evaluate(theta, solver) if takes_solver else self.evaluate(theta)
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        """Removed in 0.3; raises an ``AttributeError`` that shows the ``fwdtrain.run`` call that replaces it."""
-        raise AttributeError(
-            "Example.train was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-            "fwdtrain.run(example.trainable, example.initial_state(), steps, example.dt, example.lr, "
-            "example.noise(seed, steps))"
-        )
-
     def noise(self, seed: int, steps: int | None = None) -> Any:
         """What ``run`` takes as ``noise``: the seed, or for data-driven problems the data of ``seed``."""
         return seed if self.data is None else self.data(seed, self.steps if steps is None else steps)

@@ -71,8 +71,9 @@ def sgdct_ou(
 
     theta starts at {"kappa": 0.5, "mean": 0}; lr(t) = lr offset / (offset + t), the Robbins-Monro
     C / (C0 + t) with C = lr offset ~ 1 / Fisher information (1 / E[(mean - X)^2 / scale^2] = 2 for the
-    defaults), which gives the maximum-likelihood rate. ``train(state, steps, seed)`` simulates the paths
-    with ``seed`` and runs them through ``fwdtrain.run`` (as ``sgdct.fit`` does); reference: the true kappa and mean.
+    defaults), which gives the maximum-likelihood rate. ``noise(seed, steps)`` simulates the observed paths
+    with ``seed``: ``fwdtrain.run(example.trainable, example.initial_state(), steps, example.dt, example.lr,
+    example.noise(seed, steps))`` estimates from them; reference: the true kappa and mean.
     """
     if kappa <= 0 or scale <= 0:
         raise ValueError(f"need kappa > 0 and scale > 0, got kappa={kappa}, scale={scale}")

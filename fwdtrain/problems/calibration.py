@@ -305,12 +305,3 @@ __all__ = [
     "step",
     "step_with_info",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "run":
-        raise AttributeError(
-            "calibration.run was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-            "fwdtrain.run(calibration.Calibration(sde, observables, targets), state, steps, dt, lr, noise=seed)"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

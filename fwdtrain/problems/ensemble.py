@@ -430,16 +430,6 @@ class Ensemble(Trainable):
         return EnsembleNoise.brownian(seeds, shape, float(dt), dtype=dtype, device=device)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "run":
-        raise AttributeError(
-            "ensemble.run was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-            "fwdtrain.run(ensemble.Ensemble(problem, E), state, steps, dt, lr, noise=seed) "
-            "(lr: one value, E values, a schedule or a PerMember)"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "Ensemble",
     "EnsembleNoise",

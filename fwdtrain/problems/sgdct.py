@@ -220,16 +220,6 @@ def step(sde: SDE, state: SGDCTState, x: torch.Tensor, dx: torch.Tensor, dt: Any
     return step_with_info(sde, state, x, dx, dt, lr)[0]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "fit":
-        raise AttributeError(
-            "sgdct.fit was removed in fwdtrain 0.3: every run goes through fwdtrain.run. Use "
-            "fwdtrain.run(sgdct.DriftEstimation(sde, increments=increments), sgdct.as_state(state, x0), "
-            "len(increments), dt, lr)"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "DriftEstimation",
     "SGDCTInfo",

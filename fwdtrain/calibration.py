@@ -1,0 +1,30 @@
+"""``fwdtrain.calibration``: calibration of a stationary law.
+
+The names of ``fwdtrain.problems.calibration`` at their public path.
+"""
+
+from .problems.calibration import (
+    Calibration,
+    CalibrationInfo,
+    advance,
+    calibration,
+    check_inputs,
+    init,
+    propagate,
+    resolve_mode_for,
+    step,
+    step_with_info,
+)
+
+__all__ = [
+    "Calibration",
+    "CalibrationInfo",
+    "advance",
+    "calibration",
+    "check_inputs",
+    "init",
+    "propagate",
+    "resolve_mode_for",
+    "step",
+    "step_with_info",
+]

@@ -1,0 +1,28 @@
+"""``fwdtrain.sgdct``: SGDCT, drift estimation from an observed path.
+
+The names of ``fwdtrain.problems.sgdct`` at their public path.
+"""
+
+from .problems.sgdct import (
+    DriftEstimation,
+    SGDCTInfo,
+    SGDCTState,
+    advance,
+    as_state,
+    check_inputs,
+    init,
+    step,
+    step_with_info,
+)
+
+__all__ = [
+    "DriftEstimation",
+    "SGDCTInfo",
+    "SGDCTState",
+    "advance",
+    "as_state",
+    "check_inputs",
+    "init",
+    "step",
+    "step_with_info",
+]
