@@ -6,7 +6,6 @@ The names of ``fwdtrain.problems.calibration`` at their public path.
 from .problems.calibration import (
     Calibration,
     CalibrationInfo,
-    advance,
     calibration,
     check_inputs,
     init,
@@ -19,7 +18,6 @@ from .problems.calibration import (
 __all__ = [
     "Calibration",
     "CalibrationInfo",
-    "advance",
     "calibration",
     "check_inputs",
     "init",
