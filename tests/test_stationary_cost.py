@@ -31,3 +31,15 @@ def test_stationary_cost_of_diverging_paths_raises_instead_of_returning_nan():
     theta = {"k": torch.tensor(5.0, dtype=F64)}
     with pytest.raises(ft.errors.DivergenceError, match="stationary_cost: the paths became non-finite"):
         ft.stationary_cost(sde, theta, torch.ones(1, dtype=F64), particles=10, dt=0.1, steps=400, burn_in=10)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback from the trace-once kernel fails the test
+def test_the_trace_once_kernel_of_the_frozen_step_equals_eager():
+    sde, theta = _ou()
+    x0 = torch.zeros(1, dtype=F64)
+    options = dict(particles=16, dt=0.05, steps=300, burn_in=40, seed=4)
+    eager = ft.stationary_cost(sde, theta, x0, compile=False, **options)
+    compiled = ft.stationary_cost(sde, theta, x0, compile=True, **options)
+    assert compiled.mean == pytest.approx(eager.mean, rel=1e-10)
+    assert compiled.stderr == pytest.approx(eager.stderr, rel=1e-8)

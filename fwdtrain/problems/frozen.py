@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..core._tree import tree_map
 from ..core.kernel import StepInfo, particle_terms
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
@@ -52,14 +53,12 @@ class FrozenCost(Trainable):
         cost = moved.value["cost"]
         counted = state.t >= (self.burn_in - 0.5) * dt  # n >= B on the float64 clock t_n = n h
         sums = torch.where(counted, state.x_tilde + cost.double(), state.x_tilde)
-        return state._replace(x=moved.x, x_tilde=sums), StepInfo(cost.mean(), ())
+        zero = tree_map(torch.zeros_like, state.theta)  # G = 0: theta is frozen (a gradient shaped like theta)
+        return state._replace(x=moved.x, x_tilde=sums), StepInfo(cost.mean(), zero)
 
     def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
         """theta frozen: only the clock moves."""
         return moved._replace(t=moved.t + dt)
-
-    def gradient_norm(self, gradient: Any) -> torch.Tensor:
-        return torch.zeros(())
 
     def record(self, state: State) -> Any:
         return ()
