@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import _checks
-from .kernel import particle_terms
+from .kernel import move
 from .problem import SDE
 from .sensitivity import Theta
 from .solvers import Solver, as_solver
@@ -25,7 +25,7 @@ def frozen_step(
     sde: SDE, theta: Theta, x: torch.Tensor, dw: torch.Tensor, dt: Any, solver: Solver
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(X_{n+1}, c(X_n) per particle) with theta frozen: ``solver``'s one scheme without a sensitivity."""
-    moved = solver.step(particle_terms(sde, theta), x, None, dw, dt)
+    moved = move(sde, theta, solver, x, None, dw, dt)
     return moved.x, moved.value["cost"]
 
 

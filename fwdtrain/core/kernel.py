@@ -19,12 +19,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch.func import vmap
 
 from ..optim import Average, GradientTransformation, apply_updates, average_update
 from ._tree import tree_map
-from .problem import SDE
+from .problem import JUMP_NAMES, SDE, Event
 from .sensitivity import Plan, Terms, evaluate_particles, over_particles
-from .solvers import EULER, Solver, TermsAt
+from .solvers import EULER, Moved, Solver, TermsAt
 from .state import State
 
 LearningRate = float | torch.Tensor | Callable[[torch.Tensor], Any]
@@ -78,53 +79,140 @@ def update_parameters(
     return state._replace(theta=theta, opt_state=opt_state, t=t, average=average_step(state.average, theta, t))
 
 
-def particle_terms(sde: SDE, theta: Any, plan: Plan | None = None) -> TermsAt:
+class Events(NamedTuple):
+    """A step's jump draws for N particles: dN (N,) in {0, 1} and the marks z (N, *event_shape)."""
+
+    dn: torch.Tensor
+    z: torch.Tensor
+
+
+def particle_terms(
+    sde: SDE, theta: Any, plan: Plan | None = None, events: Events | None = None, dt: Any = None
+) -> TermsAt:
     """``terms(x (N, d), x_tilde, names) -> (values, totals)`` of ``sde`` at theta for N particles: the totals
-    D h along x_tilde by ``plan``, or ``{}`` for x_tilde None (theta frozen: values only, one ``vmap``)."""
+    D h along x_tilde by ``plan``, or ``{}`` for x_tilde None (theta frozen: values only, one ``vmap``).
+    With ``events`` the terms also hold each particle's ``jump`` and, for a rate that varies, ``likelihood``."""
+    if events is None:
 
-    def terms(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+        def terms(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+            if x_tilde is None:
+                return evaluate_particles(lambda xi: sde.terms(theta, xi, names), x), {}
+            assert plan is not None, "a linearisation needs the run's plan"
+            return over_particles(lambda xi, xti: sde.linearise_terms(theta, xi, xti, plan, names), x, x_tilde)
+
+        return terms
+    assert sde.jumps is not None
+    extra = ("jump",) if sde.jumps.constant else JUMP_NAMES
+
+    def jump_terms(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
+        names = names + extra
         if x_tilde is None:
-            return evaluate_particles(lambda xi: sde.terms(theta, xi, names), x), {}
+            one = lambda xi, dni, zi: sde.terms(theta, xi, names, Event(dni, zi, dt))
+            return vmap(one)(x, events.dn, events.z), {}
         assert plan is not None, "a linearisation needs the run's plan"
-        return over_particles(lambda xi, xti: sde.linearise_terms(theta, xi, xti, plan, names), x, x_tilde)
 
-    return terms
+        def linearise_one(xi: torch.Tensor, packed: Any) -> tuple[Terms, Terms]:
+            xti, dni, zi = packed
+            return sde.linearise_terms(theta, xi, xti, plan, names, Event(dni, zi, dt))
+
+        return over_particles(linearise_one, x, (x_tilde, events.dn, events.z))
+
+    return jump_terms
 
 
-def check_increments(dw: torch.Tensor, sigma: torch.Tensor, particles: int) -> None:
-    """Raise unless dw (N, m) fits the particles' diffusion sigma (N, d) (diagonal: m = d) or (N, d, m)."""
+def draw_events(sde: SDE, theta: Any, x: torch.Tensor, normals: torch.Tensor, dt: Any) -> Events:
+    """The step's events by thinning: dN^i = 1[U^i < 1 - exp(-lambda(X_n^i) h)], U^i = Phi(w_0^i / sqrt(h)), and
+    the marks from the other columns, for N particles x (N, d) and the jump columns ``normals`` (N, w) of dw."""
+    jumps = sde.jumps
+    assert jumps is not None
+    u, z = jumps.draws(normals / dt**0.5)
+    if jumps.constant:
+        rate = sde.jump_rate(theta, x[0])
+    else:
+        rate = vmap(lambda xi: sde.jump_rate(theta, xi))(x)
+    dn = (u < jumps.probability(rate, dt)).to(x.dtype)
+    return Events(dn, z)
+
+
+def check_increments(dw: torch.Tensor, sigma: torch.Tensor, particles: int, jump_width: int = 0) -> None:
+    """Raise unless dw (N, m + w) fits the particles' diffusion sigma (N, d) (diagonal: m = d) or (N, d, m) and
+    the jumps' w draws (0 without jumps)."""
     expected_m = sigma.shape[1] if sigma.ndim == 2 else sigma.shape[-1]
-    if dw.shape[1] != expected_m:
+    if dw.shape[1] != expected_m + jump_width:
+        if jump_width:
+            raise ValueError(
+                f"dw has shape {tuple(dw.shape)} but the SDE needs ({particles}, {expected_m + jump_width}): "
+                f"{expected_m} Brownian increments and {jump_width} jump draws (one for the event, one per mark number)"
+            )
         raise ValueError(
             f"dw has shape {tuple(dw.shape)} but the diffusion needs ({particles}, {expected_m}) Brownian increments"
         )
 
 
-def propagate(
-    sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, solver: Solver = EULER
-) -> tuple[State, StepInfo]:
-    """(the state with X and Xtilde at n + 1, StepInfo(mean_i c(X_n^i), G_n)); theta and t untouched."""
-    terms = particle_terms(sde, state.theta, plan)
+def move(
+    sde: SDE,
+    theta: Any,
+    solver: Solver,
+    x: torch.Tensor,
+    x_tilde: Any,
+    dw: torch.Tensor,
+    dt: Any,
+    plan: Plan | None = None,
+) -> Moved:
+    """The solver's step of N particles (``Solver.step``) with the SDE's jumps: dw (N, m + w) is cut into the
+    Brownian increments (N, m) and the jump draws (N, w) (``draw_events``); x_tilde None freezes theta.
+    Every problem that integrates an SDE steps through here."""
+    width = 0 if sde.jumps is None else sde.jumps.width
+    brownian = dw if width == 0 else dw[:, : dw.shape[1] - width]
+    events = None if sde.jumps is None else draw_events(sde, theta, x, dw[:, dw.shape[1] - width :], dt)
+    terms = particle_terms(sde, theta, plan, events, dt)
 
     def checked(x: torch.Tensor, x_tilde: Any, names: tuple[str, ...]) -> tuple[Terms, Terms]:
         value, total = terms(x, x_tilde, names)
-        check_increments(dw, value["sigma"], state.particles)
+        check_increments(dw, value["sigma"], x.shape[0], width)
         return value, total
 
-    moved = solver.step(checked, state.x, state.x_tilde, dw, dt)
-    gradient = tree_map(lambda g: g.mean(0), moved.total["cost"])
-    return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(moved.value["cost"].mean(), gradient)
+    return solver.step(checked, x, x_tilde, brownian, dt)
+
+
+def score_gradient(cost: torch.Tensor, d_cost: Any, score: Any) -> Any:
+    """G = mean_i [D c^i + (c^i - b^i) S^i], b^i the mean cost of the other particles (0 for N = 1): the
+    pathwise derivative plus the likelihood-ratio term of the events. b^i is independent of particle i's
+    events, so it leaves the estimate unbiased and only lowers its variance."""
+    n = cost.shape[0]
+    baseline = (cost.sum() - cost) / (n - 1) if n > 1 else torch.zeros_like(cost)
+    centred = cost - baseline
+    return tree_map(lambda g, s: (g + centred.reshape((n,) + (1,) * (s.ndim - 1)) * s).mean(0), d_cost, score)
+
+
+def propagate(
+    sde: SDE, state: State, dw: torch.Tensor, dt: Any, plan: Plan, solver: Solver = EULER
+) -> tuple[State, StepInfo]:
+    """(the state with X and Xtilde (and the score) at n + 1, StepInfo(mean_i c(X_n^i), G_n)); theta and t
+    untouched. G_n = mean_i D c(X_n^i), plus the score term (``score_gradient``) when the state carries one."""
+    moved = move(sde, state.theta, solver, state.x, state.x_tilde, dw, dt, plan)
+    cost = moved.value["cost"]
+    if isinstance(state.score, tuple) and not state.score:
+        gradient = tree_map(lambda g: g.mean(0), moved.total["cost"])
+        return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(cost.mean(), gradient)
+    gradient = score_gradient(cost, moved.total["cost"], state.score)
+    score = tree_map(torch.add, state.score, moved.total["likelihood"])
+    return state._replace(x=moved.x, x_tilde=moved.x_tilde, score=score), StepInfo(cost.mean(), gradient)
 
 
 __all__ = [
+    "Events",
     "GradientReduce",
     "LearningRate",
     "StepInfo",
     "average_step",
     "check_increments",
     "descend",
+    "draw_events",
     "learning_rate",
+    "move",
     "particle_terms",
     "propagate",
+    "score_gradient",
     "update_parameters",
 ]

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch.func import jacfwd, jacrev, jvp
 
 from .. import _compat
 from ._tree import leaves_with_paths, size
+from .jumps import Jumps, likelihood
 from .sensitivity import (
     ROUTES,
     Coefficients,
@@ -53,6 +54,22 @@ Cost = Callable[[Theta, torch.Tensor], torch.Tensor]
 Control = Callable[[Theta, torch.Tensor], torch.Tensor]
 NoiseType = Literal["additive", "diagonal", "general"]
 NOISE_TYPES: tuple[str, ...] = get_args(NoiseType)
+JUMP_NAMES = ("jump", "likelihood")  # the terms of an event: size(X_n, z) dN and the indicator's log-probability
+
+
+class Event(NamedTuple):
+    """One particle's draws of a step: dN (0-d, 0 or 1), the mark z (*event_shape) and the step h."""
+
+    dn: torch.Tensor
+    z: torch.Tensor
+    dt: Any
+
+
+def _check_jumps(jumps: Any, owner: str) -> None:
+    if jumps is not None and not isinstance(jumps, Jumps):
+        raise TypeError(
+            f"{owner}(jumps=...) must be a fwdtrain.Jumps(size, rate, marks) or None, got {type(jumps).__name__}"
+        )
 
 
 def _check_declared(noise_type: Any, owner: str) -> None:
@@ -82,9 +99,11 @@ class SDE:
         noise_type: Keyword only. ``"additive"`` (sigma depends on neither x nor theta: the step skips
             D sigma), ``"diagonal"`` ((d,) sigma), ``"general"`` ((d, m) sigma) or None (inferred from
             sigma's shape). ``fwdtrain.init`` checks a declaration at x0.
+        jumps: Keyword only. A ``fwdtrain.Jumps(size, rate, marks)``: dX gains size(theta, X(t-), z) dN, N a
+            point process of intensity ``rate`` with marks z (``fwdtrain.core.jumps``); None (default): none.
 
     Raises:
-        TypeError: A function that is not callable.
+        TypeError: A function that is not callable; ``jumps`` not a ``Jumps``.
         ValueError: An unknown ``noise_type``.
     """
 
@@ -92,6 +111,7 @@ class SDE:
     diffusion: Diffusion
     cost: Cost
     noise_type: NoiseType | None = field(default=None, kw_only=True)
+    jumps: Jumps | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("drift", "diffusion", "cost"):
@@ -100,6 +120,7 @@ class SDE:
                     f"SDE({name}=...) must be a function (theta, x) -> tensor, got {type(getattr(self, name)).__name__}"
                 )
         _check_declared(self.noise_type, type(self).__name__)
+        _check_jumps(self.jumps, type(self).__name__)
 
     def coefficients(self, theta: Theta, x: torch.Tensor) -> Coefficients:
         """The coefficients at one particle.
@@ -123,11 +144,27 @@ class SDE:
         """sigma declared constant (``noise_type="additive"``): D sigma = 0 and no Milstein correction."""
         return self.noise_type == "additive"
 
-    def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...] = ()) -> Terms:
-        """mu, sigma and cost at one particle x (d,), and the ``correction`` when ``names`` asks for it."""
+    def jump_size(self, theta: Theta, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The jump (d,) at an event with mark z, from the state x (d,) before it: ``jumps.size(theta, x, z)``."""
+        assert self.jumps is not None
+        return self.jumps.size(theta, x, z)
+
+    def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
+        """The intensity lambda (0-d) at one particle x (d,): ``jumps.rate(theta, x)``, or the constant."""
+        assert self.jumps is not None
+        rate = self.jumps.rate
+        return rate(theta, x) if callable(rate) else torch.as_tensor(rate, dtype=x.dtype, device=x.device)
+
+    def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...] = (), event: Event | None = None) -> Terms:
+        """mu, sigma and cost at one particle x (d,), the ``correction`` when ``names`` asks for it, and for
+        an ``event`` the ``jump`` size(x, z) dN and (when asked) the indicator's ``likelihood``."""
         value = dict(zip(("mu", "sigma", "cost"), self.coefficients(theta, x), strict=True))
         if "correction" in names:
             value["correction"] = milstein_correction(self.diffusion, theta, x, value["sigma"])
+        if event is not None:
+            value["jump"] = self.jump_size(theta, x, event.z) * event.dn
+            if "likelihood" in names:
+                value["likelihood"] = likelihood(event.dn, self.jump_rate(theta, x), event.dt)
         return value
 
     def differentiated(self, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -135,17 +172,24 @@ class SDE:
         return tuple(n for n in names if not (self.additive and n in ("sigma", "correction")))
 
     def linearise_terms(
-        self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan, names: tuple[str, ...]
+        self,
+        theta: Theta,
+        x: torch.Tensor,
+        x_tilde: Any,
+        plan: Plan,
+        names: tuple[str, ...],
+        event: Event | None = None,
     ) -> tuple[Terms, Terms]:
         """(values, totals) at one particle: every term, and D h = h_x Xtilde + h_theta for h in ``names``."""
         return linearise_generic(
-            lambda th, x_: self.terms(th, x_, names), theta, x, x_tilde, plan.mode, self.differentiated(names)
+            lambda th, x_: self.terms(th, x_, names, event), theta, x, x_tilde, plan.mode, self.differentiated(names)
         )
 
     def output_count(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...]) -> int:
         """n, the numbers a reverse pass pulls back for ``names`` at one particle (sigma's only when not additive)."""
         sigma = self.diffusion(theta, x)
-        counts = {"mu": x.shape[-1], "sigma": sigma.numel(), "cost": 1, "correction": x.shape[-1]}
+        d = x.shape[-1]
+        counts = {"mu": d, "sigma": sigma.numel(), "cost": 1, "correction": d, "jump": d, "likelihood": 1}
         return sum(counts[n] for n in self.differentiated(names))
 
     def plan_at(
@@ -157,9 +201,13 @@ class SDE:
         names: tuple[str, ...] = ("mu", "sigma", "cost"),
     ) -> Plan:
         """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,);
-        an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored)."""
+        an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored). An
+        SDE with jumps counts its event terms (``JUMP_NAMES``) among the outputs."""
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if self.jumps is not None:
+            extra = ("jump",) if self.jumps.constant else JUMP_NAMES
+            names = names + tuple(n for n in extra if n not in names)
         return self.route_plan(theta, x, mode, route, names)
 
     def route_plan(self, theta: Theta, x: torch.Tensor, mode: str, route: str, names: tuple[str, ...]) -> Plan:
@@ -186,6 +234,7 @@ class ControlledSDE(SDE):
         diffusion: ``s(x, u) -> (d, m)`` or (d,) for diagonal noise.
         cost: ``r(x, u) -> 0-d``.
         noise_type: Keyword only, as for ``SDE``; ``"additive"`` means s depends on neither x nor u.
+        jumps: Keyword only, as for ``SDE``, with ``size(x, u, z)`` and a rate that is a number or ``rate(x, u)``.
 
     Raises:
         TypeError: A function that is not callable.
@@ -205,8 +254,10 @@ class ControlledSDE(SDE):
         cost: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         noise_type: NoiseType | None = None,
+        jumps: Jumps | None = None,
     ) -> None:
         _check_declared(noise_type, "ControlledSDE")
+        _check_jumps(jumps, "ControlledSDE")
         for name, fn in (("control", control), ("drift", drift), ("diffusion", diffusion), ("cost", cost)):
             if not callable(fn):
                 raise TypeError(f"ControlledSDE({name}=...) must be a function, got {type(fn).__name__}")
@@ -216,6 +267,7 @@ class ControlledSDE(SDE):
         set_field(self, "controlled_diffusion", diffusion)
         set_field(self, "controlled_cost", cost)
         set_field(self, "noise_type", noise_type)
+        set_field(self, "jumps", jumps)
         set_field(self, "drift", lambda theta, x: drift(x, control(theta, x)))
         set_field(self, "diffusion", lambda theta, x: diffusion(x, control(theta, x)))
         set_field(self, "cost", lambda theta, x: cost(x, control(theta, x)))
@@ -227,22 +279,58 @@ class ControlledSDE(SDE):
     def parts(self) -> tuple[tuple[str, Callable[[Theta, torch.Tensor], torch.Tensor]], ...]:
         return (("control", self.control), *super().parts())
 
-    def terms_xu(self, x: torch.Tensor, u: torch.Tensor) -> Terms:
-        """b, s and r at (x, u): the theta-free functions the structure-aware route differentiates."""
-        return {
+    def jump_size(self, theta: Theta, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``jumps.size(x, u, z)`` with u = control(theta, x), x the state before the jump."""
+        assert self.jumps is not None
+        return self.jumps.size(x, self.control(theta, x), z)
+
+    def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
+        """``jumps.rate(x, u)`` with u = control(theta, x), or the constant rate."""
+        assert self.jumps is not None
+        rate = self.jumps.rate
+        if not callable(rate):
+            return torch.as_tensor(rate, dtype=x.dtype, device=x.device)
+        return rate(x, self.control(theta, x))
+
+    def terms_xu(
+        self, x: torch.Tensor, u: torch.Tensor, names: tuple[str, ...] = (), event: Event | None = None
+    ) -> Terms:
+        """b, s and r at (x, u): the theta-free functions the structure-aware route differentiates; for an
+        ``event`` also the ``jump`` size(x, u, z) dN and (when asked) the indicator's ``likelihood``."""
+        value = {
             "mu": self.controlled_drift(x, u),
             "sigma": self.controlled_diffusion(x, u),
             "cost": self.controlled_cost(x, u),
         }
+        if event is not None:
+            assert self.jumps is not None
+            value["jump"] = self.jumps.size(x, u, event.z) * event.dn
+            if "likelihood" in names:
+                rate = self.jumps.rate
+                at = rate(x, u) if callable(rate) else torch.as_tensor(rate, dtype=x.dtype, device=x.device)
+                value["likelihood"] = likelihood(event.dn, at, event.dt)
+        return value
 
     def linearise_terms(
-        self, theta: Theta, x: torch.Tensor, x_tilde: Any, plan: Plan, names: tuple[str, ...]
+        self,
+        theta: Theta,
+        x: torch.Tensor,
+        x_tilde: Any,
+        plan: Plan,
+        names: tuple[str, ...],
+        event: Event | None = None,
     ) -> tuple[Terms, Terms]:
         """The generic route, or on ``plan.route == "structured"`` the control differentiated once."""
         if plan.route != "structured":
-            return super().linearise_terms(theta, x, x_tilde, plan, names)
+            return super().linearise_terms(theta, x, x_tilde, plan, names, event)
         return linearise_structured(
-            self.control, self.terms_xu, theta, x, x_tilde, plan.mode, self.differentiated(names)
+            self.control,
+            lambda x_, u_: self.terms_xu(x_, u_, names, event),
+            theta,
+            x,
+            x_tilde,
+            plan.mode,
+            self.differentiated(names),
         )
 
     def route_plan(self, theta: Theta, x: torch.Tensor, mode: str, route: str, names: tuple[str, ...]) -> Plan:

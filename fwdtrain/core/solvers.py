@@ -10,9 +10,10 @@ for every solver. Each solver builds Phi from the problem's coefficients and the
 derivatives D h = h_x Xtilde + h_theta (``fwdtrain.core.sensitivity``), evaluated where the scheme
 evaluates them:
 
-- ``Euler()``, Euler-Maruyama (strong order 1/2, weak order 1), any noise:
-      X' = X + mu h + sigma dW
-      Xtilde' = Xtilde + D mu h + sum_k D sigma_k dW^k
+- ``Euler()``, Euler-Maruyama (strong order 1/2, weak order 1), any noise, and jumps
+  (``fwdtrain.core.jumps``: the term J = size(X, z) dN, taken at X = X(t-)):
+      X' = X + mu h + sigma dW [+ J]
+      Xtilde' = Xtilde + D mu h + sum_k D sigma_k dW^k [+ D J]
 - ``Heun()``, predictor-corrector (weak order 2 for additive noise), sigma independent of x
   (it may depend on theta); two linearisations, at X and at the predictor X*:
       X* = X + mu(X) h + sigma dW,               Xtilde* = Xtilde + D mu(X) h + D sigma dW
@@ -140,6 +141,7 @@ class Solver(abc.ABC):
     summary: ClassVar[str] = ""  # one line for the command line's help
     stages: ClassVar[int] = 1
     names: ClassVar[tuple[str, ...]] = NAMES
+    takes_jumps: ClassVar[bool] = False  # whether the scheme adds the ``jump`` term an SDE with jumps gives it
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "reverse", "forward"):
@@ -149,6 +151,11 @@ class Solver(abc.ABC):
 
     def check(self, sde: Any, theta: Any, x0: torch.Tensor) -> None:
         """Raise a clear ``ValueError`` if this scheme cannot integrate ``sde`` (checked at x0 (d,))."""
+        if getattr(sde, "jumps", None) is not None and not self.takes_jumps:
+            raise ValueError(
+                f"{type(self).__name__}() does not take jumps (its order rests on continuous paths); "
+                f"integrate an SDE with jumps by Euler()"
+            )
         self.check_shape(sde.diffusion(theta, x0), sde.noise_type)
 
     def check_shape(self, sigma: torch.Tensor, noise_type: str | None) -> None:
@@ -192,8 +199,8 @@ class Euler(Solver):
 
         X' = X + mu h + sigma dW,      Xtilde' = Xtilde + D mu h + sum_k D sigma_k dW^k.
 
-    Any noise (additive, diagonal, general). Strong order 1/2 (1 for additive noise), weak order 1.
-    One linearisation per step.
+    Any noise (additive, diagonal, general), and jumps (``+ size(X, z) dN``, ``fwdtrain.Jumps``).
+    Strong order 1/2 (1 for additive noise), weak order 1. One linearisation per step.
 
     Args:
         mode: How the total derivatives are computed: ``"reverse"`` (one pullback per output number),
@@ -204,11 +211,13 @@ class Euler(Solver):
     """
 
     name: ClassVar[str] = "euler"
-    summary: ClassVar[str] = "Euler-Maruyama (the default; any noise)"
+    summary: ClassVar[str] = "Euler-Maruyama (the default; any noise; jumps)"
+    takes_jumps: ClassVar[bool] = True
 
     def scheme(self, evaluate: Evaluate, x: Dual, dw: torch.Tensor, dt: Any) -> tuple[Dual, dict[str, Dual]]:
         at = evaluate(x, NAMES)
-        return x + at["mu"].times(dt) + noise(at["sigma"], dw), at
+        moved = x + at["mu"].times(dt) + noise(at["sigma"], dw)
+        return (moved + at["jump"], at) if "jump" in at else (moved, at)
 
 
 @dataclass(frozen=True, repr=False)

@@ -30,6 +30,9 @@ class State(NamedTuple):
         opt_state: The update rule's state ``optimizer.init(theta)`` (``fwdtrain.optim``); ``()`` for the
             plain update theta <- theta - alpha h G, the default.
         average: A ``fwdtrain.optim.Average``, the Polyak-Ruppert mean of theta over t_n >= t0; ``()``: none.
+        score: For jumps whose rate depends on theta or x, the score S^i = d/dtheta of the log-probability
+            of particle i's events so far (a pytree like theta, a leaf of shape s becoming (N, *s);
+            ``fwdtrain.core.jumps``); ``()`` otherwise.
 
     "Absent" is ``()``, not None: an empty node in every pytree library, so ``torch.func.vmap``
     (which refuses None outputs) and ``tree_map`` see a State with or without an optimiser alike.
@@ -41,6 +44,7 @@ class State(NamedTuple):
     t: torch.Tensor
     opt_state: Any = ()
     average: Any = ()
+    score: Any = ()
 
     @property
     def particles(self) -> int:
@@ -165,7 +169,39 @@ def evaluate_once(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> 
         raise ValueError(
             f"cost returned shape {tuple(value.cost.shape)}; it must return a scalar (0-d tensor), e.g. (x * x).sum()"
         )
+    if sde.jumps is not None:
+        check_jumps_at(sde, theta, x, name)
     return value
+
+
+def check_jumps_at(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> None:
+    """Check the jumps at one particle x (d,): the size (d,) at the marks' median draw, in x's dtype; the rate a
+    0-d tensor of x's dtype, finite and >= 0 (values only on concrete tensors)."""
+    assert sde.jumps is not None
+    _, z = sde.jumps.draws(torch.zeros((1, sde.jumps.width), dtype=x.dtype, device=x.device))
+    for field, function in (("size", lambda: sde.jump_size(theta, x, z[0])), ("rate", lambda: sde.jump_rate(theta, x))):
+        try:
+            value = function()
+        except Exception as error:
+            _reraise(error, f"the jumps' {field} raised {type(error).__name__} at {name} (d = {x.shape[-1]}): {error}")
+        if not isinstance(value, torch.Tensor) or value.dtype != x.dtype:
+            got = type(value).__name__ if not isinstance(value, torch.Tensor) else value.dtype
+            raise TypeError(
+                f"the jumps' {field} returned {got} at {name}; it must return a tensor of x's dtype {x.dtype}"
+            )
+        expected = (x.shape[-1],) if field == "size" else ()
+        if tuple(value.shape) != expected:
+            raise ValueError(
+                f"the jumps' {field} returned shape {tuple(value.shape)} at {name}; it must return {expected}"
+                + (" (one entry per state dimension)" if field == "size" else " (a 0-d tensor, the intensity)")
+            )
+        if _checks.is_concrete(value) and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"the jumps' {field} is not finite at {name} = {_numbers(x, 4)}: {_numbers(value, 4)}")
+        if field == "rate" and _checks.is_concrete(value) and bool(value < 0):
+            raise ValueError(
+                f"the jumps' rate is negative at {name} = {_numbers(x, 4)}: {float(value):.4g}; an intensity must "
+                f"be >= 0 (e.g. pass it through torch.nn.functional.softplus)"
+            )
 
 
 def check_finite(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> None:
@@ -183,8 +219,17 @@ def check_finite(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> N
 
 
 def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
-    """m, the dimension of the Brownian motion: sigma's columns, or d for diagonal noise (x (d,) or (N, d))."""
-    return sde.diffusion(theta, x[0] if x.ndim == 2 else x).shape[-1]
+    """The columns of one step's increment (x (d,) or (N, d)): m, the dimension of the Brownian motion (sigma's
+    columns, or d for diagonal noise), plus the jumps' w = 1 + q draws (``fwdtrain.core.jumps``)."""
+    m = sde.diffusion(theta, x[0] if x.ndim == 2 else x).shape[-1]
+    return m if sde.jumps is None else m + sde.jumps.width
+
+
+def empty_score(sde: SDE, theta: Theta, particles: int) -> Any:
+    """The score S = 0 of N particles, leaves (N, *s), for jumps with a rate that varies; ``()`` otherwise."""
+    if sde.jumps is None or sde.jumps.constant:
+        return ()
+    return tree_map(lambda leaf: torch.zeros((particles, *leaf.shape), dtype=leaf.dtype, device=leaf.device), theta)
 
 
 def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *, average_from: Any = None) -> State:
@@ -263,8 +308,10 @@ def init(
     check_finite(sde, theta, x[0])
     check_noise_type(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
-    state = State(x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device))
+    state = State(
+        x, x_tilde, theta, torch.zeros((), dtype=torch.float64, device=device), score=empty_score(sde, theta, n)
+    )
     return with_optimizer(state, optimizer, average_from=average_from)
 
 
-__all__ = ["State", "check_finite", "evaluate_once", "init", "noise_dim", "summary", "with_optimizer"]
+__all__ = ["State", "check_finite", "empty_score", "evaluate_once", "init", "noise_dim", "summary", "with_optimizer"]

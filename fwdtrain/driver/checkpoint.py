@@ -250,14 +250,20 @@ def _restore(value: Any, where: str) -> Any:
 
 
 def _check_training(state: dict) -> dict:
-    """opt_state and average (absent in checkpoints written before they existed: ``()``), restored and checked."""
+    """opt_state, average and the jump score (absent in checkpoints written before they existed: ``()``),
+    restored and checked."""
     state = dict(state)
-    for name in ("opt_state", "average"):
+    for name in ("opt_state", "average", "score"):
         value = _restore(state.get(name, ()), f"state[{name!r}]")
         for path, leaf in zip(*optree.tree_flatten_with_path(value)[:2], strict=True):
             _tensor(leaf, f"state[{name!r}]" + "".join(f"[{key!r}]" for key in path))
         state[name] = value
     optim.check_average(state["average"], state["theta"], "state['average']")
+    score = state["score"]
+    if not (isinstance(score, tuple) and not score) and optree.tree_structure(score) != optree.tree_structure(
+        state["theta"]
+    ):
+        raise _Invalid("state['score'] does not have the structure of state['theta']")
     return state
 
 

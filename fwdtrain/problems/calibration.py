@@ -75,6 +75,11 @@ class Calibration(Trainable):
     # ---- the Trainable interface ----
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` (an even N included), for a step of size dt at rate lr."""
+        if self.sde.jumps is not None:
+            raise ValueError(
+                "calibration fits the stationary law of an SDE without jumps; its two-group estimate does not "
+                "carry the events' score. Train an SDE with jumps on its cost (fwdtrain.run(sde, ...))"
+            )
         m = noise_dim(self.sde, state.theta, state.x)
         check_inputs(self, state, torch.zeros((state.particles, m), dtype=state.x.dtype, device=state.x.device), dt, lr)
         check_solver(self.solver, self.sde, state.theta, state.x[0])

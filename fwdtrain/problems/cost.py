@@ -53,7 +53,26 @@ def check_step_inputs(
             "(to differentiate through step, use torch.func.grad/jacfwd/jacrev/vjp/jvp, not autograd)"
         )
     _checks.check_same_structure(state.x_tilde, state.theta, "state.x_tilde", "state.theta")
+    check_score(sde, state)
     check_training_state(state, optimizer)
+
+
+def check_score(sde: SDE, state: State) -> None:
+    """Raise unless state.score is what ``sde`` needs: a pytree like theta for jumps whose rate varies, else ()."""
+    needed = sde.jumps is not None and not sde.jumps.constant
+    empty = isinstance(state.score, tuple) and not state.score
+    if needed and empty:
+        raise ValueError(
+            "the SDE's jumps have a rate that depends on theta or x, so the state must carry the events' score "
+            "(State.score, a pytree like theta); make the state with fwdtrain.init(sde, ...) for this SDE"
+        )
+    if not needed and not empty:
+        raise ValueError(
+            "the state carries a jump score (State.score) but this SDE has no jumps with a varying rate; make the "
+            "state with fwdtrain.init(sde, ...) for this SDE, or pass state._replace(score=())"
+        )
+    if needed:
+        _checks.check_same_structure(state.score, state.theta, "state.score", "state.theta")
 
 
 def explain_failure(sde: SDE, state: State, error: Exception) -> None:
@@ -166,6 +185,7 @@ __all__ = [
     "CostForm",
     "as_trainable",
     "check_fit",
+    "check_score",
     "check_solver",
     "check_step_inputs",
     "check_training_state",

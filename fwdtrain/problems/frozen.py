@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..core._tree import tree_map
-from ..core.kernel import StepInfo, particle_terms
+from ..core.kernel import StepInfo, move
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
 from ..core.state import State, noise_dim
@@ -49,7 +49,7 @@ class FrozenCost(Trainable):
 
     def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
         """X to n + 1 by the solver's scheme with every tangent None; the sums take c(X_n) from step B on."""
-        moved = self.solver.step(particle_terms(self.sde, state.theta), state.x, None, dw, dt)
+        moved = move(self.sde, state.theta, self.solver, state.x, None, dw, dt)
         cost = moved.value["cost"]
         counted = state.t >= (self.burn_in - 0.5) * dt  # n >= B on the float64 clock t_n = n h
         sums = torch.where(counted, state.x_tilde + cost.double(), state.x_tilde)

@@ -115,6 +115,11 @@ class DriftEstimation(Trainable):
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` for the observation state.x, and the optimiser state's fit."""
+        if self.sde.jumps is not None:
+            raise ValueError(
+                "SGDCT estimates a drift from continuous observed paths; an SDE with jumps is not one. "
+                "Fit event data with fwdtrain.pointprocess"
+            )
         if not isinstance(state, State):
             raise TypeError(f"expected a fwdtrain.State (from sgdct.as_state), got {type(state).__name__}")
         x = state.x[0] if self.single else state.x

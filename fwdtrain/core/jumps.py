@@ -1,0 +1,175 @@
+"""Jumps: a marked point process added to the SDE, dX = mu dt + sigma dW + size(X(t-), z) dN.
+
+N is a counting process of intensity lambda (a constant: compound Poisson; or lambda(theta, x)) and
+z ~ ``marks`` the mark of an event. Conventions: Ito, the jump evaluated at the left limit X(t-).
+
+On the step grid (step n covers [t_n, t_n + h)) the events are drawn by thinning, at most one per step:
+
+    dN_n = 1[U_n < p_n],   p_n = 1 - exp(-lambda(X_n) h),   z_n ~ marks
+    X_{n+1} = Euler(X_n) + size(X_n, z_n) dN_n
+
+p_n is exactly the probability of at least one event of a Poisson clock of rate lambda(X_n) in the step,
+so the scheme has weak order 1 like Euler's. U_n and z_n come from extra columns of the step's increment:
+a jump SDE's increment has m + 1 + q columns, the Brownian dW (m) and w = 1 + q more, each N(0, h) like
+dW; U = Phi(w_0 / sqrt(h)) and z is the mark made from the normals w_{1..q} / sqrt(h) (an affine map for
+Normal and MultivariateNormal marks, the inverse CDF otherwise). So every noise source, its position,
+checkpoints and resume cover the jump draws, and a fixed increment fixes the events.
+
+Sensitivities. With the events fixed, the jump's derivative is the chain's:
+D(size dN) = (size_x Xtilde + size_theta) dN. A rate that depends on theta or x also moves the events; the
+score of the event indicators (the likelihood ratio)
+
+    l_n = dN_n log p_n + (1 - dN_n) log(1 - p_n) = dN_n log p_n - (1 - dN_n) lambda_n h,
+    S_{n+1} = S_n + D l_n
+
+is carried per particle beside Xtilde (``State.score``), and the cost's gradient estimate is
+G_n = mean_i [D c(X_n^i) + c(X_n^i) S_n^i]: unbiased for the discrete chain's d/dtheta E[c(X_n)].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import distributions as dist
+
+Size = Callable[..., torch.Tensor]
+Rate = float | Callable[..., torch.Tensor]
+_EDGE = 1e-12  # uniforms are kept in [EDGE, 1 - EDGE] so that an inverse CDF stays finite
+
+
+def _affine(marks: dist.Distribution) -> bool:
+    """True for marks made from standard normals by loc + scale z (no inverse CDF needed)."""
+    if isinstance(marks, (dist.Normal, dist.MultivariateNormal)):
+        return True
+    return isinstance(marks, dist.Independent) and isinstance(marks.base_dist, dist.Normal)
+
+
+def _check_marks(marks: Any) -> tuple[int, ...]:
+    """The event shape of ``marks`` (() or (q,)), or a clear error for what cannot be drawn from normals."""
+    if marks is None:
+        return ()
+    if not isinstance(marks, dist.Distribution):
+        raise TypeError(
+            f"Jumps(marks=...) must be a torch.distributions.Distribution (e.g. Normal(0., 1.), "
+            f"Exponential(2.)) or None (no marks), got {type(marks).__name__}"
+        )
+    if tuple(marks.batch_shape) != () and not isinstance(marks, dist.Independent):
+        raise ValueError(
+            f"Jumps(marks=...) must describe one mark (batch shape ()), got batch shape {tuple(marks.batch_shape)}; "
+            f"for a vector of independent marks use torch.distributions.Independent(base, 1)"
+        )
+    event = tuple(marks.event_shape)
+    if len(event) > 1:
+        raise ValueError(f"Jumps(marks=...) must have event shape () or (q,), got {event}")
+    if not _affine(marks):
+        base = marks.base_dist if isinstance(marks, dist.Independent) else marks
+        try:
+            base.icdf(torch.full(tuple(base.batch_shape), 0.5))
+        except NotImplementedError:
+            raise ValueError(
+                f"Jumps(marks={type(base).__name__}(...)): fwdtrain draws marks from the run's normal stream, by "
+                f"an affine map (Normal, MultivariateNormal) or the inverse CDF, which {type(base).__name__} does "
+                f"not implement; use a distribution with icdf (Exponential, Uniform, Laplace, Cauchy, ...)"
+            ) from None
+    return event
+
+
+def _positive(rate: Any) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, Real):
+        raise TypeError(
+            f"Jumps(rate=...) must be a positive number or a function (theta, x) -> 0-d tensor, "
+            f"got {type(rate).__name__}"
+        )
+    if not (math.isfinite(float(rate)) and float(rate) > 0):
+        raise ValueError(f"Jumps(rate=...) must be positive and finite, got {rate!r}")
+    return float(rate)
+
+
+@dataclass(frozen=True)
+class Jumps:
+    """A marked point process that jumps the state: dX = ... + size(X(t-), z) dN, N of intensity ``rate``.
+
+    Args:
+        size: The jump at an event: ``size(theta, x, z)`` for an ``SDE``, ``size(x, u, z)`` for a
+            ``ControlledSDE``, shape (d,), x the state before the jump and z the event's mark.
+        rate: The intensity lambda > 0: a number (compound Poisson, events independent of theta and x) or a
+            function ``rate(theta, x)`` (``rate(x, u)`` for a ``ControlledSDE``) returning a 0-d tensor
+            (e.g. through ``softplus`` to stay positive); its dependence on theta and x enters the gradient
+            through the score of the events (see the module docstring).
+        marks: A ``torch.distributions.Distribution`` of one mark, event shape () or (q,) (Normal,
+            MultivariateNormal, Independent(Normal), or any with an inverse CDF: Exponential, Uniform, ...),
+            or None: no marks (every z is then the 0-d tensor 1, so ``size`` is the jump itself).
+
+    Raises:
+        TypeError: ``size`` not callable, ``rate`` neither a number nor callable, ``marks`` not a distribution.
+        ValueError: A rate <= 0, marks of event shape other than () or (q,), marks that cannot be drawn.
+    """
+
+    size: Size
+    rate: Rate = 1.0
+    marks: dist.Distribution | None = None
+    event_shape: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not callable(self.size):
+            raise TypeError(f"Jumps(size=...) must be a function (theta, x, z) -> (d,), got {type(self.size).__name__}")
+        if not callable(self.rate):
+            object.__setattr__(self, "rate", _positive(self.rate))
+        object.__setattr__(self, "event_shape", _check_marks(self.marks))
+
+    @property
+    def constant(self) -> bool:
+        """True for a number rate: the events depend on neither theta nor x (no score to carry)."""
+        return not callable(self.rate)
+
+    @property
+    def width(self) -> int:
+        """w = 1 + q, the columns the jumps take in a step's increment (one uniform, q mark numbers)."""
+        return 1 + self.mark_numbers()
+
+    def mark_numbers(self) -> int:
+        """q, the numbers of one mark (0 without marks)."""
+        return 0 if self.marks is None else math.prod(self.event_shape)
+
+    def unit_marks(self, like: torch.Tensor) -> torch.Tensor:
+        """The marks of N events without a distribution: ones (N,) like ``like`` (N, ...)."""
+        return like.new_ones(like.shape[:1])
+
+    def draws(self, normals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(U (N,), z (N, *event_shape)) from standard normals (N, w): the thinning uniform and the marks."""
+        u = torch.special.ndtr(normals[:, 0])
+        z = normals[:, 1:]
+        dtype = normals.dtype
+        marks = self.marks
+        if marks is None:
+            return u, self.unit_marks(normals)
+        if isinstance(marks, dist.MultivariateNormal):
+            loc, tril = marks.loc.to(dtype), marks.scale_tril.to(dtype)
+            return u, loc + z @ tril.T
+        base = marks.base_dist if isinstance(marks, dist.Independent) else marks
+        shaped = z.reshape(z.shape[0], *self.event_shape)
+        if isinstance(base, dist.Normal):
+            return u, base.loc.to(dtype) + base.scale.to(dtype) * shaped
+        uniform = torch.special.ndtr(shaped).clamp(_EDGE, 1 - _EDGE)
+        return u, base.icdf(uniform).to(dtype)
+
+    def probability(self, rate: torch.Tensor, dt: Any) -> torch.Tensor:
+        """p = 1 - exp(-lambda h): at least one event of a rate-lambda clock in a step."""
+        return -torch.expm1(-rate * dt)
+
+
+def likelihood(dn: torch.Tensor, rate: torch.Tensor, dt: Any) -> torch.Tensor:
+    """l = dN log p + (1 - dN) log(1 - p), p = 1 - exp(-lambda h): the log-probability of the step's indicator.
+
+    The log p branch is clamped away from log 0 so that its (unused) derivative stays finite where dN = 0."""
+    p = -torch.expm1(-rate * dt)
+    tiny = torch.finfo(p.dtype).tiny
+    return torch.where(dn > 0, torch.log(p.clamp(min=tiny)), -rate * dt)
+
+
+__all__ = ["Jumps", "likelihood"]
