@@ -13,6 +13,7 @@ have short public paths (``fwdtrain.schedules``, ``noise``, ``errors``, ``calibr
 # ruff: noqa: I001  (the public face, grouped by what a user writes, not sorted)
 # What the SDE is: a problem of pure functions of (theta, x); a network as such a function
 from .core.problem import SDE, ControlledSDE
+from .core.jumps import Jumps
 from .core.model import functional, mlp
 
 # How one step is taken
@@ -40,17 +41,17 @@ from . import errors
 # Submodules: schedules and noise sources, update rules, other kinds of problems, processes, built-in problems
 from . import schedules, noise
 from . import optim
-from . import calibration, sgdct, ensemble
+from . import calibration, sgdct, ensemble, pointprocess
 from . import distributed, examples
 
 __version__ = "0.4.0"
 
 __all__ = [  # noqa: RUF022  (grouped by concept, as above)
-    "SDE", "ControlledSDE", "functional", "mlp",
+    "SDE", "ControlledSDE", "Jumps", "functional", "mlp",
     "Euler", "Heun", "Milstein",
     "State", "init", "step", "step_with_info", "jit_step",
     "run", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
     "History", "save", "load", "stationary_cost",
     "DivergenceError", "CheckpointError", "errors",
-    "schedules", "noise", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples",
+    "schedules", "noise", "optim", "calibration", "sgdct", "ensemble", "pointprocess", "distributed", "examples",
 ]  # fmt: skip

@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 from ._example import Example
 from .calibration import double_well_calibration, double_well_moments, ou_calibration
+from .hawkes import hawkes_fit
 from .lqr import linear_control_cost, linear_slope, lqr_1d
+from .lqr_jumps import jump_linear_cost, jump_lqr, jump_lqr_proportional, jump_lqr_sde, jump_optimal_gain
 from .lqr_riccati import LQR, lqr_nd, lqr_problem, random_lqr, riccati
 from .noisy import noisy_control, noisy_cost, noisy_optimal_gain
 from .ou_sgdct import ou_path, sgdct_ou
@@ -21,10 +23,13 @@ from .ou_sgdct import ou_path, sgdct_ou
 REGISTRY: dict[str, Callable[..., Example]] = {
     "lqr-1d": lqr_1d,
     "lqr-nd": lqr_nd,
+    "jump-lqr": jump_lqr,
+    "jump-lqr-proportional": jump_lqr_proportional,
     "noisy-control": noisy_control,
     "ou-calibration": ou_calibration,
     "double-well-calibration": double_well_calibration,
     "sgdct-ou": sgdct_ou,
+    "hawkes": hawkes_fit,
 }
 DEFAULT = "lqr-1d"
 
@@ -35,6 +40,12 @@ __all__ = [
     "Example",
     "double_well_calibration",
     "double_well_moments",
+    "hawkes_fit",
+    "jump_linear_cost",
+    "jump_lqr",
+    "jump_lqr_proportional",
+    "jump_lqr_sde",
+    "jump_optimal_gain",
     "linear_control_cost",
     "linear_slope",
     "lqr_1d",
