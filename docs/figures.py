@@ -192,6 +192,33 @@ def sgdct_ou(job: Any, result: Any, axes: list[Any]) -> None:
     axes[1].set_title("loss r' a^-1 r / (2h) per record")
 
 
+def jump_lqr(job: Any, result: Any, axes: list[Any]) -> None:
+    example, history = job.example, result.history
+    kind = "additive" if example.name == "jump-lqr" else "proportional"
+    optimum = ft.examples.jump_optimal_gain(kind, 2.0, 0.5)
+    cost = lambda k: ft.examples.jump_linear_cost(k, kind, 0.5, 2.0, 0.5)
+    ks = np.linspace(0.05, 1.5, 200)
+    axes[0].plot(ks, [cost(k) for k in ks], label="J(k), closed form")
+    learned = float(result.state.theta["gain"])
+    axes[0].axvline(optimum, label=f"k* = {optimum:.4f}", **REFERENCE)
+    axes[0].plot([learned], [cost(learned)], "o", color="tab:red", label=f"learned {learned:.4f}")
+    axes[0].set_xlabel("gain k")
+    axes[0].set_title(f"stationary cost of u = -k x ({kind} jumps)")
+    axes[0].legend(fontsize=8)
+    panel_traces(axes[1], history, {"gain": leaf("gain")}, {"gain": optimum})
+    panel_cost(axes[2], history, cost(optimum))
+
+
+def hawkes(job: Any, result: Any, axes: list[Any]) -> None:
+    truth = ft.examples.hawkes.TRUTH
+    positive = {name: (lambda th, n=name: np.exp(th[f"log_{n}"].double().numpy())) for name in truth}
+    panel_traces(axes[0], result.history, positive, truth)
+    history = result.history
+    axes[1].plot(times(history), history.cost.double().numpy(), color="tab:blue", alpha=0.6, linewidth=0.8)
+    axes[1].set_xlabel("t")
+    axes[1].set_title("negative log-likelihood per unit time, per record")
+
+
 FIGURES: dict[str, tuple[Callable[[Any, Any, list[Any]], None], int]] = {
     "lqr-1d": (lqr_1d, 3),
     "lqr-nd": (lqr_nd, 2),
@@ -199,6 +226,9 @@ FIGURES: dict[str, tuple[Callable[[Any, Any, list[Any]], None], int]] = {
     "ou-calibration": (ou_calibration, 2),
     "double-well-calibration": (double_well_calibration, 2),
     "sgdct-ou": (sgdct_ou, 2),
+    "jump-lqr": (jump_lqr, 3),
+    "jump-lqr-proportional": (jump_lqr, 3),
+    "hawkes": (hawkes, 2),
 }
 
 
