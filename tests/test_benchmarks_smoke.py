@@ -149,3 +149,12 @@ def test_bench_ensemble_quick(tmp_path):
     assert [row["variant"] for row in rows] == ["single", "sequential", "ensemble"]
     assert all(row["member_steps_per_s"] > 0 for row in rows)
     assert rows[-1]["max_member_difference"] < 1e-4  # the ensemble's last member is the run alone, to rounding
+
+
+def test_bench_jumps_quick(tmp_path):
+    rows = run_module("bench_jumps", tmp_path, "--quick")["rows"]
+    paths = {row["path"] for row in rows}
+    assert paths == {"ft.run compiled N=1", "ft.run compiled N=256", "ft.run eager N=256", "ft.step eager loop N=1"}
+    assert {row["work"] for row in rows} == {"brownian", "jumps additive", "jumps proportional", "jumps rate(x, u)"}
+    assert all(row["steps_per_s"] > 0 for row in rows)
+    assert all(row["vs_brownian"] == 1 for row in rows if row["work"] == "brownian")
