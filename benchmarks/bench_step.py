@@ -48,6 +48,7 @@ class Variant(NamedTuple):
     steps: int
     particles: int
     first_s: float | None  # the first segment (compile, or trace and load)
+    ops: tuple[int, int] | None = None  # the traced step's ATen calls, as traced and after graphs.simplify
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -69,7 +70,8 @@ def fwdtrain_variant(problem: problems.Problem, particles: int, steps: int, comp
     _, first = _timed(segment)
     built = {k: v - before.get(k, 0) for k, v in kernels.counts().items() if v != before.get(k, 0)}
     print(f"  {name}: first segment {first:.1f} s {built or ''}", flush=True)
-    return Variant(name, segment, steps, particles, first)
+    ops = (built["traced_ops"], built["simplified_ops"]) if built.get("traced_ops") else None
+    return Variant(name, segment, steps, particles, first, ops)
 
 
 def seed_variant(steps: int) -> Variant:
@@ -136,6 +138,7 @@ def measure(variants: list[Variant], repeats: int) -> dict[str, dict[str, Any]]:
             "samples_steps_per_s": samples[v.name],
             "first_segment_s": v.first_s,
             "particles": v.particles,
+            "aten_ops": v.ops,
         }
         for v in variants
     }
@@ -150,7 +153,7 @@ def work_sizes(quick: bool) -> list[tuple[str, int]]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'work':<16}{'variant':<20}{'particle-steps/s':>18}{'us/step':>10}{'first s':>9}"
-        f"{'x seed':>9}{'x jax':>8}{'x hand':>8}"
+        f"{'x seed':>9}{'x jax':>8}{'x hand':>8}{'ATen ops':>12}"
     )
     print(header)
     print("-" * len(header))
@@ -160,10 +163,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
     for r in rows:
         first = f"{r['first_segment_s']:.1f}" if r["first_segment_s"] is not None else "-"
+        ops = "{} -> {}".format(*r["aten_ops"]) if r.get("aten_ops") else "-"
         print(
             f"{r['work']:<16}{r['variant']:<20}{r['particle_steps_per_s']:>18,.0f}{r['us_per_step']:>10.1f}"
             f"{first:>9}{ratio(r.get('vs_seed'), 1):>9}{ratio(r.get('vs_jax'), 2):>8}"
-            f"{ratio(r.get('vs_jax_hand'), 2):>8}"
+            f"{ratio(r.get('vs_jax_hand'), 2):>8}{ops:>12}"
         )
 
 

@@ -347,3 +347,43 @@ def test_an_unrolled_loop_equals_eager_for_counts_that_are_not_multiples_of_its_
 def test_unroll_is_checked():
     with pytest.raises(ValueError, match=r"Compile\(unroll=...\)"):
         ft.compile.options.as_compile(ft.Compile(True, unroll=0))
+
+
+@pytest.mark.parametrize("particles", [1, 3])
+def test_simplify_folds_the_shape_chains_of_a_traced_step_and_keeps_its_values_bit_for_bit(particles):
+    """``graphs.simplify`` on the traced cost-form step (what vmap and vjp leave: reshape chains, expands and
+    permutes of one particle): far fewer ATen calls, the same outputs exactly, run eagerly on random inputs."""
+    ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=particles)
+    state = ft.init(ex.sde, ex.theta, torch.linspace(-1, 1, particles, dtype=torch.float64)[:, None])
+    plan = Plan("reverse", "structured")
+    step = lambda carry, inputs: CostForm(ex.sde).advance(carry, inputs[0], DT, inputs[1], plan)[0]
+    example = (state, (torch.zeros(particles, 1, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)))
+    traced = ft.compile.graphs.trace(step, example)
+    generator = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(leaf.shape, generator=generator, dtype=leaf.dtype) for leaf in leaves(example)]
+    expected = traced.graph(*inputs)
+    before, after = ft.compile.graphs.simplify(traced.graph)
+    assert before == sum(1 for node in traced.graph.graph.nodes if node.op == "call_function") + (before - after)
+    assert after < 0.75 * before
+    for got, want in zip(traced.graph(*inputs), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_simplify_leaves_what_an_in_place_op_touches_and_drops_only_repeats():
+    def fn(x):
+        same = x.reshape(x.shape)  # a repeat: dropped
+        folded = x.reshape(6).reshape(3, 2).reshape(2, 3)  # a chain: one view of x
+        touched = x.reshape(2, 3)
+        touched.unsqueeze_(0)  # written to in place: kept, and so is what it reads
+        twice = x.unsqueeze(1).squeeze(1)  # x again
+        return same + folded + twice, touched
+
+    x = torch.arange(6.0).reshape(2, 3)
+    traced = ft.compile.graphs.trace(fn, (x,))
+    expected = traced.graph(x.clone())
+    before, after = ft.compile.graphs.simplify(traced.graph)
+    targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
+    assert targets.count("aten.view.default") == 1  # the one written to in place; the others are x itself
+    assert after < before and "aten.unsqueeze_.default" in targets and "aten.squeeze.dim" not in targets
+    for got, want in zip(traced.graph(x.clone()), expected, strict=True):
+        assert torch.equal(got, want) and got.shape == want.shape

@@ -127,9 +127,6 @@ class Loop(torch.nn.Module):
         return tuple(out[1:])
 
 
-__all__ = ["Loop", "StepFn", "Traced", "run_steps", "trace"]
-
-
 SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
 
 
@@ -175,3 +172,91 @@ def unfold_small_matmuls(graph: torch.fx.GraphModule) -> int:
         graph.graph.lint()
         graph.recompile()
     return rewritten
+
+
+_RESHAPES = ("view.default", "_unsafe_view.default", "reshape.default")
+
+
+def _name(node: torch.fx.Node) -> str:
+    """``"view.default"`` for ``aten.view.default``; ``""`` for anything that is not an ATen call."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return ""
+    return f"{node.target.overloadpacket.__name__}.{node.target._overloadname}"
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _mutated(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes an in-place op writes to (their data or their metadata, e.g. ``squeeze_``): left alone."""
+    out: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            out.update(arg for arg in node.args if isinstance(arg, torch.fx.Node))
+    return out
+
+
+def _same_value(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node that ``node`` only repeats: a reshape, view, expand or identity permute to its input's own
+    shape and dtype, ``squeeze(unsqueeze(x, d), d)``, ``x * 1``; None for every other node."""
+    name, args = _name(node), list(node.args)
+    source: Any = args[0] if args else None
+    if not isinstance(source, torch.fx.Node) or _shape(node) is None:
+        return None
+    same = _shape(source) == _shape(node) and source.meta["val"].dtype == node.meta["val"].dtype
+    if name in (*_RESHAPES, "expand.default", "alias.default") and same:
+        return source
+    if name == "permute.default" and same:
+        order: Any = args[1]
+        return source if list(order) == list(range(len(order))) else None
+    if name == "mul.Scalar" and same and args[1] == 1:
+        return source
+    if name in ("squeeze.dim", "squeeze.dims") and _name(source) == "unsqueeze.default":
+        inner: Any = source.args[0]
+        dim: Any = source.args[1]
+        rank = len(_shape(source) or ())
+        dims: Any = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        if isinstance(inner, torch.fx.Node) and _shape(inner) == _shape(node) and len(dims) == 1:
+            return inner if dims[0] % rank == dim % rank else None
+    return None
+
+
+def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
+    """Fold what vmap and vjp leave in a traced graph (``trace``): a chain of reshapes becomes one reshape
+    of its root, and a node that only repeats its input (``_same_value``: a reshape to the same shape, the
+    expands and permutes of a single particle, ``x * 1``) is replaced by it; then dead nodes go. The same
+    values, bit for bit (no arithmetic changes). Nodes an in-place op touches are left as they are.
+    Returns the ATen calls (nodes that call a function) before and after."""
+    calls = lambda: sum(1 for node in graph.graph.nodes if node.op == "call_function")
+    before = calls()
+    mutated = _mutated(graph.graph)
+    aten = torch.ops.aten
+    for node in list(graph.graph.nodes):
+        if node in mutated or node.op != "call_function":
+            continue
+        source = node.args[0] if node.args else None
+        if (
+            _name(node) in _RESHAPES
+            and isinstance(source, torch.fx.Node)
+            and _name(source) in _RESHAPES
+            and source not in mutated
+            and isinstance(root := source.args[0], torch.fx.Node)
+            and root not in mutated
+            and isinstance(root.meta.get("val"), torch.Tensor)
+            and root.meta["val"].is_contiguous()
+        ):
+            node.args = (root, *node.args[1:])
+            node.target = aten.view.default
+        same = _same_value(node)
+        if same is not None and same not in mutated:
+            node.replace_all_uses_with(same)
+    graph.graph.eliminate_dead_code()
+    graph.graph.lint()
+    graph.recompile()
+    return before, calls()
+
+
+__all__ = ["Loop", "StepFn", "Traced", "run_steps", "simplify", "trace", "unfold_small_matmuls"]

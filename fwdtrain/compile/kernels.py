@@ -49,13 +49,28 @@ SINGLE_THREAD_BELOW = 1 << 16  # state numbers under which kernels run on one th
 LIMIT = 64  # kernels kept per process (least recently used first out)
 
 _KERNELS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
-_COUNTS = collections.Counter({"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0})
+_COUNTS = collections.Counter(
+    {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
+)
 
 
 def counts() -> dict[str, int]:
     """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
-    and how many fell back to another route."""
+    and how many fell back to another route; ``traced_ops`` and ``simplified_ops``: the ATen calls of every
+    traced graph as traced and after ``graphs.simplify``."""
     return dict(_COUNTS)
+
+
+def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
+    """The traced graph with its shape chains folded (in place) and, with ``unfold``, its small products
+    written out (``graphs.unfold_small_matmuls``); counted."""
+    if unfold:
+        graphs.unfold_small_matmuls(traced.graph)
+    before, after = graphs.simplify(traced.graph)
+    _COUNTS["traces"] += 1
+    _COUNTS["traced_ops"] += before
+    _COUNTS["simplified_ops"] += after
+    return traced
 
 
 def clear() -> None:
@@ -246,9 +261,7 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1)
     """Trace ``step`` once and wrap it in ``graphs.Loop`` (``unroll`` steps per iteration); (its package, the
     carry's pytree spec)."""
     example_step = optree.tree_map(lambda block: block[0], inputs)
-    traced = graphs.trace(step, (carry, example_step))
-    graphs.unfold_small_matmuls(traced.graph)
-    _COUNTS["traces"] += 1
+    traced = _simplified(graphs.trace(step, (carry, example_step)), unfold=True)
     input_leaves, _ = optree.tree_flatten(inputs)
     carry_leaves, carry_spec = optree.tree_flatten(carry)
     count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
@@ -380,8 +393,7 @@ class FunctionKernel(Kernel):
         super().__init__(fn, options, what, *args)
 
     def _trace(self, *args: Any) -> tuple[_Package, Any]:
-        traced = graphs.trace(self.fn, args)
-        _COUNTS["traces"] += 1
+        traced = _simplified(graphs.trace(self.fn, args))
         example: list[torch.Tensor] = optree.tree_leaves(args)  # type: ignore[arg-type]
         values = inductor_options(args)
         key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
