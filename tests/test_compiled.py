@@ -387,3 +387,19 @@ def test_simplify_leaves_what_an_in_place_op_touches_and_drops_only_repeats():
     assert after < before and "aten.unsqueeze_.default" in targets and "aten.squeeze.dim" not in targets
     for got, want in zip(traced.graph(x.clone()), expected, strict=True):
         assert torch.equal(got, want) and got.shape == want.shape
+
+
+def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was():
+    leaves_ = (
+        torch.randn(3, 2, dtype=torch.float64),
+        torch.tensor(4, dtype=torch.int64),
+        torch.randn((), dtype=torch.float64),
+        torch.randn(2, 1, 5, dtype=torch.float32),
+        torch.zeros(0, dtype=torch.float64),
+    )
+    packing = ft.compile.graphs.Packing.of(leaves_)
+    buffers = packing.pack(leaves_)
+    assert [b.dtype for b in buffers] == [torch.float64, torch.int64, torch.float32]
+    assert [b.numel() for b in buffers] == [7, 1, 10]
+    for got, want in zip(packing.unpack(buffers), leaves_, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)

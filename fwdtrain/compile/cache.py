@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 CACHE_ENV = "FWDTRAIN_CACHE_DIR"
-FORMAT = 1  # fwdtrain's kernel format: bump when the way graphs are wrapped or called changes
+FORMAT = 2  # fwdtrain's kernel format: bump when the way graphs are called changes (2: the loop's packed carry)
 
 
 def cache_dir() -> Path:

@@ -14,6 +14,9 @@ run of steps between two events, whatever its length.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -85,6 +88,45 @@ def run_steps(step: StepFn, count: int, start: int, inputs: PyTree, carry: PyTre
     return carry
 
 
+class Packing(NamedTuple):
+    """Where each carry leaf lives in one flat buffer per dtype: the loop carries a few buffers, not one tensor
+    per leaf, so the compiled loop allocates and hands over a few tensors per step instead of dozens."""
+
+    dtypes: tuple[torch.dtype, ...]  # one buffer per dtype, in order of first appearance
+    places: tuple[tuple[int, int, int, tuple[int, ...]], ...]  # per leaf: buffer, offset, size, shape
+
+    @staticmethod
+    def of(leaves: tuple[torch.Tensor, ...]) -> Packing:
+        dtypes: list[torch.dtype] = []
+        sizes: list[int] = []
+        places = []
+        for leaf in leaves:
+            if leaf.dtype not in dtypes:
+                dtypes.append(leaf.dtype)
+                sizes.append(0)
+            b = dtypes.index(leaf.dtype)
+            places.append((b, sizes[b], leaf.numel(), tuple(leaf.shape)))
+            sizes[b] += leaf.numel()
+        return Packing(tuple(dtypes), tuple(places))
+
+    def pack(self, leaves: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        groups: list[list[torch.Tensor]] = [[] for _ in self.dtypes]
+        for leaf, (b, _, _, _) in zip(leaves, self.places, strict=True):
+            groups[b].append(leaf.reshape(-1))
+        return tuple(torch.cat(group) for group in groups)
+
+    def unpack(self, buffers: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(buffers[b][offset : offset + n].reshape(shape) for b, offset, n, shape in self.places)
+
+
+@functools.cache
+def loop_code() -> str:
+    """A digest of the code that wraps a traced step into its loop (``Loop``, ``Packing``): part of every loop
+    kernel's key, so that a package built by another version of the wrapper is never loaded."""
+    source = inspect.getsource(Loop) + inspect.getsource(Packing)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 class Loop(torch.nn.Module):
     """``forward(count, start, *input_leaves, *carry_leaves) -> carry_leaves``: ``run_steps`` of a traced step.
 
@@ -112,19 +154,21 @@ class Loop(torch.nn.Module):
         from torch._higher_order_ops.while_loop import while_loop
 
         blocks, carry = leaves[: self.inputs], leaves[self.inputs :]
-        k = self.unroll
+        k, packing = self.unroll, Packing.of(carry)
+
+        def body(steps: int) -> Callable[..., tuple]:
+            def advance(i: torch.Tensor, *buffers: torch.Tensor) -> tuple:
+                state = self._steps(blocks, steps, start, i, packing.unpack(buffers))
+                return (i + steps, *packing.pack(state))
+
+            return advance
+
         zero = torch.zeros((), dtype=torch.int64, device=count.device)
-        out = (zero, *carry)
+        out = (zero, *packing.pack(carry))
         if k > 1:
-            out = while_loop(
-                lambda i, *_: i + k <= count,
-                lambda i, *state: (i + k, *self._steps(blocks, k, start, i, state)),
-                out,
-            )
-        out = while_loop(
-            lambda i, *_: i < count, lambda i, *state: (i + 1, *self._steps(blocks, 1, start, i, state)), tuple(out)
-        )
-        return tuple(out[1:])
+            out = while_loop(lambda i, *_: i + k <= count, body(k), out)
+        out = while_loop(lambda i, *_: i < count, body(1), tuple(out))
+        return tuple(leaf.clone() for leaf in packing.unpack(tuple(out[1:])))
 
 
 SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
@@ -259,4 +303,4 @@ def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
     return before, calls()
 
 
-__all__ = ["Loop", "StepFn", "Traced", "run_steps", "simplify", "trace", "unfold_small_matmuls"]
+__all__ = ["Loop", "Packing", "StepFn", "Traced", "loop_code", "run_steps", "simplify", "trace", "unfold_small_matmuls"]

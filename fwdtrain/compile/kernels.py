@@ -267,7 +267,9 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1)
     count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
     example = [count, start, *input_leaves, *carry_leaves]  # would alias one
     options = inductor_options(carry)
-    key = cache.kernel_key(traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}")
+    key = cache.kernel_key(
+        traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}-{graphs.loop_code()}"
+    )
     module = graphs.Loop(traced.graph, len(input_leaves), unroll)  # the traced step takes (carry leaves, input leaves)
     return _Package(module, example, key, options, traced.nodes), carry_spec
 
