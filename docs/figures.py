@@ -216,7 +216,7 @@ def hawkes(job: Any, result: Any, axes: list[Any]) -> None:
     history = result.history
     axes[1].plot(times(history), history.cost.double().numpy(), color="tab:blue", alpha=0.6, linewidth=0.8)
     axes[1].set_xlabel("t")
-    axes[1].set_title("negative log-likelihood per unit time, per record")
+    axes[1].set_title("negative log-likelihood per unit time")
 
 
 FIGURES: dict[str, tuple[Callable[[Any, Any, list[Any]], None], int]] = {
