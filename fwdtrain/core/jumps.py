@@ -158,6 +158,12 @@ class Jumps:
         uniform = torch.special.ndtr(shaped).clamp(_EDGE, 1 - _EDGE)
         return u, base.icdf(uniform).to(dtype)
 
+    def rate_of(self, *args: Any, like: torch.Tensor) -> torch.Tensor:
+        """lambda (0-d) at one particle: ``rate(*args)`` ((theta, x) for an ``SDE``, (x, u) for a
+        ``ControlledSDE``), or the constant as a tensor of ``like``'s dtype and device (``args`` unused)."""
+        rate = self.rate
+        return rate(*args) if callable(rate) else torch.as_tensor(rate, dtype=like.dtype, device=like.device)
+
     def probability(self, rate: torch.Tensor, dt: Any) -> torch.Tensor:
         """p = 1 - exp(-lambda h): at least one event of a rate-lambda clock in a step."""
         return -torch.expm1(-rate * dt)

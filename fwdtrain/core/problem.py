@@ -152,8 +152,7 @@ class SDE:
     def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
         """The intensity lambda (0-d) at one particle x (d,): ``jumps.rate(theta, x)``, or the constant."""
         assert self.jumps is not None
-        rate = self.jumps.rate
-        return rate(theta, x) if callable(rate) else torch.as_tensor(rate, dtype=x.dtype, device=x.device)
+        return self.jumps.rate_of(theta, x, like=x)
 
     def terms(self, theta: Theta, x: torch.Tensor, names: tuple[str, ...] = (), event: Event | None = None) -> Terms:
         """mu, sigma and cost at one particle x (d,), the ``correction`` when ``names`` asks for it, and for
@@ -286,11 +285,9 @@ class ControlledSDE(SDE):
 
     def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
         """``jumps.rate(x, u)`` with u = control(theta, x), or the constant rate."""
-        assert self.jumps is not None
-        rate = self.jumps.rate
-        if not callable(rate):
-            return torch.as_tensor(rate, dtype=x.dtype, device=x.device)
-        return rate(x, self.control(theta, x))
+        jumps = self.jumps
+        assert jumps is not None
+        return jumps.rate_of(x, None if jumps.constant else self.control(theta, x), like=x)
 
     def terms_xu(
         self, x: torch.Tensor, u: torch.Tensor, names: tuple[str, ...] = (), event: Event | None = None
@@ -306,9 +303,7 @@ class ControlledSDE(SDE):
             assert self.jumps is not None
             value["jump"] = self.jumps.size(x, u, event.z) * event.dn
             if "likelihood" in names:
-                rate = self.jumps.rate
-                at = rate(x, u) if callable(rate) else torch.as_tensor(rate, dtype=x.dtype, device=x.device)
-                value["likelihood"] = likelihood(event.dn, at, event.dt)
+                value["likelihood"] = likelihood(event.dn, self.jumps.rate_of(x, u, like=x), event.dt)
         return value
 
     def linearise_terms(
