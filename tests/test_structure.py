@@ -238,10 +238,12 @@ def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
         torch.testing.assert_close(jacobian[name], x_tilde[name], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("transformed", [False, True], ids=["eager", "under-vmap"])
 @pytest.mark.parametrize("outputs", ["few", "many"])
-def test_reverse_jacobian_equals_jacrev(outputs):
-    """Both branches (pullbacks unrolled for <= UNROLLED_ROWS numbers, vmapped beyond) equal torch.func.jacrev."""
-    from torch.func import jacrev
+def test_reverse_jacobian_equals_jacrev(outputs, transformed):
+    """Every branch (autograd eagerly; under a transform the pullbacks unrolled for <= UNROLLED_ROWS numbers,
+    vmapped beyond) equals torch.func.jacrev, raveled into rows (n, p_j) per argument."""
+    from torch.func import jacrev, vmap
 
     from fwdtrain.core.sensitivity import UNROLLED_ROWS, reverse_jacobian
 
@@ -252,13 +254,29 @@ def test_reverse_jacobian_equals_jacrev(outputs):
         outs = (u.sum(), _drift(x_, u)) if outputs == "few" else (_full_diffusion(x_, u), _cost(x_, u))
         return outs, u
 
-    jacobians, aux = reverse_jacobian(fn, theta, x)
+    if transformed:
+        rows, outs, aux = vmap(lambda x_: reverse_jacobian(fn, theta, x_))(x[None])
+        rows, outs, aux = tree_map(lambda t: t[0], (rows, outs, aux))
+    else:
+        rows, outs, aux = reverse_jacobian(fn, theta, x)
     expected, _ = jacrev(fn, argnums=(0, 1), has_aux=True)(theta, x)
+    want = [
+        torch.cat(
+            [
+                torch.cat([leaf.reshape(o.numel(), -1) for leaf in leaves(per_arg[j])], 1)
+                for per_arg, o in zip(expected, outs, strict=True)
+            ]
+        )
+        for j in range(2)
+    ]
     assert (sum(o.numel() for o in fn(theta, x)[0]) <= UNROLLED_ROWS) == (outputs == "few")
     torch.testing.assert_close(aux, _control(theta, x))
-    for got, want in zip(leaves(jacobians), leaves(expected), strict=True):
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for got, o in zip(outs, fn(theta, x)[0], strict=True):
+        torch.testing.assert_close(got, o)
+    assert all(r.grad_fn is None for r in rows)
+    for got, w in zip(rows, want, strict=True):
+        assert got.shape == w.shape
+        torch.testing.assert_close(got, w, rtol=1e-12, atol=1e-12)
 
 
 def test_auto_route_takes_the_structured_route_only_where_it_costs_fewer_flops():

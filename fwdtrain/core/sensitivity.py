@@ -42,7 +42,7 @@ import torch
 from torch.func import jacfwd, vjp, vmap
 
 from .. import _compat as compat
-from ._tree import contract, dot, flatten, tree_map, unflatten
+from ._tree import contract, flatten, leaves, size, tree_map, unflatten
 
 Theta = Any  # a pytree (dict, list, tuple, NamedTuple) of tensors
 Terms = dict[str, torch.Tensor]  # named coefficients of one particle (or of N particles, each with a leading N)
@@ -96,72 +96,110 @@ PULLBACK_COST = 3.0  # B: one pullback through the control costs ~ B flops per p
 
 def reverse_jacobian(
     fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
-) -> tuple[tuple[tuple[Any, ...], ...], Any]:
-    """``jacrev(fn, argnums=all, has_aux=True)(*args)`` for fn -> (outputs tuple, aux): (J, aux) with
-    J[i][j] the Jacobian of output i w.r.t. argument j (a pytree: leaf s -> (*out_i.shape, *s)).
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]:
+    """The Jacobian of fn -> (outputs tuple, aux) w.r.t. every argument, as flat rows: (J, outputs, aux)
+    with J[j] of shape (n, p_j), n the output numbers (outputs raveled and concatenated) and p_j the numbers
+    of argument j (a pytree, its leaves raveled and concatenated in ``flatten`` order).
 
-    One ``vjp``; its pullback once per output number: a Python loop for up to ``UNROLLED_ROWS``
-    numbers (in eager mode a vmap over the basis costs more than a few pullbacks), a ``vmap``
-    over the basis beyond. Shapes alone decide, so it stays transformable.
+    One pullback per output number: a Python loop for up to ``UNROLLED_ROWS`` numbers (in eager mode a
+    vmap over the basis costs more than a few pullbacks), a ``vmap`` over the basis beyond. Outside every
+    transform and trace the pullbacks are ``torch.autograd``'s on detached copies of the arguments (a third
+    of the cost of ``vjp``'s wrapping at one particle); inside, ``torch.func.vjp``'s, so it stays
+    transformable. Shapes alone decide. Nothing it returns has a ``grad_fn``.
     """
+    if not (compat.transforms_active() or compat.tracing()):
+        return _reverse_jacobian_eager(fn, *args)
 
     def flat(*args_: Any) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]]:
         outputs, aux = fn(*args_)
-        return torch.cat([out.reshape(-1) for out in outputs]), (outputs, aux)
+        return _ravel(outputs), (outputs, aux)
 
-    if not (compat.transforms_active() or compat.tracing()):
-        return _reverse_jacobian_eager(fn, *args)
     y, pullback, (outputs, aux) = vjp(flat, *args, has_aux=True)  # type: ignore[misc]  # torch's stub lacks has_aux
     basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)
     if y.numel() <= UNROLLED_ROWS:
-        rows = tree_map(lambda *row: torch.stack(row), *[pullback(e) for e in basis])
+        rows = torch.stack([_ravel(leaves(pullback(e))) for e in basis])
     else:
-        rows = vmap(pullback)(basis)
-    sizes = [out.numel() for out in outputs]
-    jacobians = tuple(
-        tuple(
-            tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), per_arg) for per_arg in rows
-        )
-        for i, out in enumerate(outputs)
-    )
-    return jacobians, aux
+        rows = torch.cat([leaf.reshape(y.numel(), -1) for leaf in leaves(vmap(pullback)(basis))], 1)
+    return _split_columns(rows, args), outputs, aux
 
 
-def _or_zeros(gradient: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like) if gradient is None else gradient
+def _ravel(tensors: Any) -> torch.Tensor:
+    """The numbers of a sequence of tensors in one vector (a lone tensor: a view of it)."""
+    if len(tensors) == 1:
+        return tensors[0].reshape(-1)
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _split_columns(rows: torch.Tensor, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+    """rows (n, sum_j p_j) cut into one (n, p_j) block per argument."""
+    if len(args) == 1:
+        return (rows,)
+    return tuple(rows.split([size(arg) for arg in args], 1))
 
 
 def _reverse_jacobian_eager(
     fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
-) -> tuple[tuple[tuple[Any, ...], ...], Any]:
-    """``reverse_jacobian`` outside every transform and trace: the same pullbacks, taken by ``torch.autograd``
-    on detached copies of the arguments (a third of the cost of ``vjp``'s wrapping at one particle, where the
-    Python around a few small kernels is the step's cost). Nothing it returns has a ``grad_fn``."""
-    leaves, spec = flatten(args)
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]:
+    """``reverse_jacobian`` outside every transform and trace, by ``torch.autograd.grad`` on detached leaves."""
+    inputs_of, specs = [], []
     with torch.enable_grad():
-        inputs = [leaf.detach().requires_grad_() for leaf in leaves]
-        outputs, aux = fn(*unflatten(spec, inputs))
-        y = torch.cat([out.reshape(-1) for out in outputs])
+        for arg in args:
+            arg_leaves, spec = flatten(arg)
+            inputs_of.append([leaf.detach().requires_grad_() for leaf in arg_leaves])
+            specs.append(spec)
+        inputs = [leaf for group in inputs_of for leaf in group]
+        outputs, aux = fn(*(unflatten(spec, group) for spec, group in zip(specs, inputs_of, strict=True)))
+        y = _ravel(outputs)
         count = y.numel()
-        basis = torch.eye(count, dtype=y.dtype, device=y.device)
-        rows = [
-            torch.autograd.grad(y, inputs, e, retain_graph=i < count - 1, allow_unused=True)
-            if y.requires_grad
-            else (None,) * len(inputs)
-            for i, e in enumerate(basis)
-        ]
-    per_input = [torch.stack([_or_zeros(row[j], leaf) for row in rows]) for j, leaf in enumerate(leaves)]
-    per_arg = unflatten(spec, per_input)
-    sizes = [out.numel() for out in outputs]
-    jacobians = tuple(
-        tuple(
-            tree_map(lambda leaf: leaf.split(sizes)[i].reshape(out.shape + leaf.shape[1:]), arg_rows)
-            for arg_rows in per_arg
-        )
-        for i, out in enumerate(outputs)
-    )
+        if not y.requires_grad:
+            rows = torch.zeros((count, sum(leaf.numel() for leaf in inputs)), dtype=y.dtype, device=y.device)
+        else:
+            seeds = [torch.ones_like(y)] if count == 1 else list(torch.eye(count, dtype=y.dtype, device=y.device))
+            rows = torch.stack(
+                [
+                    _ravel(
+                        [
+                            torch.zeros_like(leaf) if g is None else g
+                            for g, leaf in zip(
+                                torch.autograd.grad(y, inputs, e, retain_graph=i < count - 1, allow_unused=True),
+                                inputs,
+                                strict=True,
+                            )
+                        ]
+                    )
+                    for i, e in enumerate(seeds)
+                ]
+            )
     detach = lambda tree: tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
-    return jacobians, detach(aux)
+    return _split_columns(rows, args), detach(outputs), detach(aux)
+
+
+def columns(x_tilde: Any) -> torch.Tensor:
+    """Xtilde of one particle as one (d, p) matrix: its leaves (d, *s) raveled and concatenated, in theta's order."""
+    tilde_leaves = leaves(x_tilde)
+    d = tilde_leaves[0].shape[0]
+    if len(tilde_leaves) == 1:
+        return tilde_leaves[0].reshape(d, -1)
+    return torch.cat([leaf.reshape(d, -1) for leaf in tilde_leaves], 1)
+
+
+def per_leaf(matrix: torch.Tensor, outer: tuple[int, ...], theta: Theta) -> Any:
+    """A (prod(outer), p) matrix of derivatives as a pytree like theta with leaves (*outer, *s)."""
+    theta_leaves, spec = flatten(theta)
+    if len(theta_leaves) == 1:
+        return unflatten(spec, [matrix.reshape(outer + theta_leaves[0].shape)])
+    blocks = matrix.split([leaf.numel() for leaf in theta_leaves], 1)
+    return unflatten(spec, [b.reshape(outer + leaf.shape) for b, leaf in zip(blocks, theta_leaves, strict=True)])
+
+
+def per_output(
+    total: torch.Tensor, outputs: tuple[torch.Tensor, ...], names: tuple[str, ...], theta: Theta
+) -> dict[str, Any]:
+    """D h of every named output from their rows ``total`` (n, p): name -> pytree like theta, leaves (*h.shape, *s)."""
+    if len(outputs) == 1:
+        return {names[0]: per_leaf(total, outputs[0].shape, theta)}
+    blocks = total.split([out.numel() for out in outputs], 0)
+    return {name: per_leaf(block, out.shape, theta) for name, block, out in zip(names, blocks, outputs, strict=True)}
 
 
 def linearise_generic(
@@ -169,7 +207,8 @@ def linearise_generic(
 ) -> tuple[Terms, Terms]:
     """(values, totals) at one particle: ``fn(theta, x)``'s terms, and D h for h in ``names``.
 
-    reverse: D h = h_x Xtilde + h_theta from the partial Jacobians over (theta, x);
+    reverse: D h = h_theta + h_x Xtilde from the partial Jacobians over (theta, x), as rows (n, p) and
+    (n, d) against Xtilde as one (d, p) matrix (``columns``): one matrix product for every term and leaf;
     forward: ``jacfwd`` of theta' -> h(x + Xtilde (theta' - theta), theta').
     """
     if mode == "reverse":
@@ -178,12 +217,8 @@ def linearise_generic(
             out = fn(theta_, x_)
             return tuple(out[name] for name in names), out
 
-        jacobians, value = reverse_jacobian(evaluate, theta, x)
-        total = {
-            name: tree_map(lambda h_theta, xt: h_theta + dot(h_x, xt), h_theta_tree, x_tilde)
-            for name, (h_theta_tree, h_x) in zip(names, jacobians, strict=True)
-        }
-        return value, total
+        (h_theta, h_x), outputs, value = reverse_jacobian(evaluate, theta, x)
+        return value, per_output(torch.addmm(h_theta, h_x, columns(x_tilde)), outputs, names, theta)
 
     def along_sensitivity(theta_prime: Theta) -> tuple[tuple[torch.Tensor, ...], Terms]:
         shift = tree_map(torch.sub, theta_prime, theta)
@@ -194,14 +229,14 @@ def linearise_generic(
     return value, {name: compat.in_dtype(d, value[name].dtype) for name, d in zip(names, totals, strict=True)}
 
 
-def control_sensitivity(
+def control_rows(
     control: Callable[[Theta, torch.Tensor], torch.Tensor],
     theta: Theta,
     x: torch.Tensor,
     x_tilde: Any,
     mode: str = "reverse",
-) -> tuple[torch.Tensor, Any]:
-    """(u, D u) with D u = u_x Xtilde + u_theta, one particle; a leaf of shape s gives D u (*u.shape, *s).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, D u) with D u = u_theta + u_x Xtilde as one (k, p) matrix (k the control's numbers), one particle.
 
     reverse: ``reverse_jacobian`` over (theta, x), one pullback per control output;
     forward: ``jacfwd`` of theta' -> u(theta', x + Xtilde (theta' - theta)), one pass per parameter.
@@ -212,8 +247,8 @@ def control_sensitivity(
             u = control(theta_, x_)
             return (u,), u
 
-        ((u_theta, u_x),), u = reverse_jacobian(evaluate, theta, x)
-        return u, tree_map(lambda ut, xt: ut + dot(u_x, xt), u_theta, x_tilde)
+        (u_theta, u_x), _, u = reverse_jacobian(evaluate, theta, x)
+        return u, torch.addmm(u_theta, u_x, columns(x_tilde))
 
     def along_sensitivity(theta_prime: Theta) -> tuple[torch.Tensor, torch.Tensor]:
         shift = tree_map(torch.sub, theta_prime, theta)
@@ -221,7 +256,21 @@ def control_sensitivity(
         return u, u
 
     d_u, u = jacfwd(along_sensitivity, has_aux=True)(theta)
-    return u, compat.in_dtype(d_u, u.dtype)
+    d_u = compat.in_dtype(d_u, u.dtype)
+    return u, torch.cat([leaf.reshape(u.numel(), -1) for leaf in leaves(d_u)], 1)
+
+
+def control_sensitivity(
+    control: Callable[[Theta, torch.Tensor], torch.Tensor],
+    theta: Theta,
+    x: torch.Tensor,
+    x_tilde: Any,
+    mode: str = "reverse",
+) -> tuple[torch.Tensor, Any]:
+    """(u, D u) with D u = u_x Xtilde + u_theta, one particle; a leaf of shape s gives D u (*u.shape, *s)
+    (``control_rows``, the rows cut into theta's leaves)."""
+    u, d_u = control_rows(control, theta, x, x_tilde, mode)
+    return u, per_leaf(d_u, u.shape, theta)
 
 
 def linearise_structured(
@@ -234,19 +283,17 @@ def linearise_structured(
     names: tuple[str, ...],
 ) -> tuple[Terms, Terms]:
     """The structure-aware route, one particle: D h = h_x Xtilde + h_u D u for the terms h of
-    ``terms_xu(x, u)`` named in ``names``, the control differentiated once."""
-    u, d_u = control_sensitivity(control, theta, x, x_tilde, mode)
+    ``terms_xu(x, u)`` named in ``names``, the control differentiated once (``control_rows``); every
+    term's rows in one matrix product per argument."""
+    u, d_u = control_rows(control, theta, x, x_tilde, mode)
 
     def evaluate(x_: torch.Tensor, u_: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Terms]:
         out = terms_xu(x_, u_)
         return tuple(out[name] for name in names), out
 
-    jacobians, value = reverse_jacobian(evaluate, x, u)
-    total = {
-        name: tree_map(lambda xt, du: dot(h_x, xt) + dot(h_u, du, u.ndim), x_tilde, d_u)
-        for name, (h_x, h_u) in zip(names, jacobians, strict=True)
-    }
-    return value, total
+    (h_x, h_u), outputs, value = reverse_jacobian(evaluate, x, u)
+    total = torch.addmm(h_x @ columns(x_tilde), h_u, d_u)
+    return value, per_output(total, outputs, names, theta)
 
 
 def over_particles(
@@ -355,6 +402,8 @@ __all__ = [
     "Plan",
     "Route",
     "Terms",
+    "columns",
+    "control_rows",
     "control_sensitivity",
     "evaluate_particles",
     "linearise",
