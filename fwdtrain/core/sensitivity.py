@@ -120,7 +120,7 @@ def reverse_jacobian(
         rows = torch.stack([_ravel(leaves(pullback(e))) for e in basis])
     else:
         rows = torch.cat([leaf.reshape(y.numel(), -1) for leaf in leaves(vmap(pullback)(basis))], 1)
-    return _split_columns(rows, args), outputs, aux
+    return _split_columns(rows, [size(arg) for arg in args]), outputs, aux
 
 
 def _ravel(tensors: Any) -> torch.Tensor:
@@ -130,23 +130,24 @@ def _ravel(tensors: Any) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _split_columns(rows: torch.Tensor, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
-    """rows (n, sum_j p_j) cut into one (n, p_j) block per argument."""
-    if len(args) == 1:
+def _split_columns(rows: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """rows (n, sum_j p_j) cut into one (n, p_j) block per argument of p_j numbers."""
+    if len(sizes) == 1:
         return (rows,)
-    return tuple(rows.split([size(arg) for arg in args], 1))
+    return tuple(rows.split(sizes, 1))
 
 
 def _reverse_jacobian_eager(
     fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]:
     """``reverse_jacobian`` outside every transform and trace, by ``torch.autograd.grad`` on detached leaves."""
-    inputs_of, specs = [], []
+    inputs_of, specs, sizes = [], [], []
     with torch.enable_grad():
         for arg in args:
             arg_leaves, spec = flatten(arg)
             inputs_of.append([leaf.detach().requires_grad_() for leaf in arg_leaves])
             specs.append(spec)
+            sizes.append(sum(leaf.numel() for leaf in arg_leaves))
         inputs = [leaf for group in inputs_of for leaf in group]
         outputs, aux = fn(*(unflatten(spec, group) for spec, group in zip(specs, inputs_of, strict=True)))
         y = _ravel(outputs)
@@ -170,8 +171,15 @@ def _reverse_jacobian_eager(
                     for i, e in enumerate(seeds)
                 ]
             )
-    detach = lambda tree: tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
-    return _split_columns(rows, args), detach(outputs), detach(aux)
+    return _split_columns(rows, sizes), tuple(out.detach() for out in outputs), _detached(aux)
+
+
+def _detached(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach()
+    if isinstance(tree, dict):
+        return {name: value.detach() for name, value in tree.items()}
+    return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
 
 
 def columns(x_tilde: Any) -> torch.Tensor:
@@ -185,7 +193,10 @@ def columns(x_tilde: Any) -> torch.Tensor:
 
 def per_leaf(matrix: torch.Tensor, outer: tuple[int, ...], theta: Theta) -> Any:
     """A (prod(outer), p) matrix of derivatives as a pytree like theta with leaves (*outer, *s)."""
-    theta_leaves, spec = flatten(theta)
+    return _per_leaf(matrix, outer, *flatten(theta))
+
+
+def _per_leaf(matrix: torch.Tensor, outer: tuple[int, ...], theta_leaves: list[torch.Tensor], spec: Any) -> Any:
     if len(theta_leaves) == 1:
         return unflatten(spec, [matrix.reshape(outer + theta_leaves[0].shape)])
     blocks = matrix.split([leaf.numel() for leaf in theta_leaves], 1)
@@ -196,10 +207,14 @@ def per_output(
     total: torch.Tensor, outputs: tuple[torch.Tensor, ...], names: tuple[str, ...], theta: Theta
 ) -> dict[str, Any]:
     """D h of every named output from their rows ``total`` (n, p): name -> pytree like theta, leaves (*h.shape, *s)."""
+    theta_leaves, spec = flatten(theta)
     if len(outputs) == 1:
-        return {names[0]: per_leaf(total, outputs[0].shape, theta)}
+        return {names[0]: _per_leaf(total, outputs[0].shape, theta_leaves, spec)}
     blocks = total.split([out.numel() for out in outputs], 0)
-    return {name: per_leaf(block, out.shape, theta) for name, block, out in zip(names, blocks, outputs, strict=True)}
+    return {
+        name: _per_leaf(block, out.shape, theta_leaves, spec)
+        for name, block, out in zip(names, blocks, outputs, strict=True)
+    }
 
 
 def linearise_generic(
@@ -235,8 +250,10 @@ def control_rows(
     x: torch.Tensor,
     x_tilde: Any,
     mode: str = "reverse",
+    x_tilde_matrix: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(u, D u) with D u = u_theta + u_x Xtilde as one (k, p) matrix (k the control's numbers), one particle.
+    """(u, D u) with D u = u_theta + u_x Xtilde as one (k, p) matrix (k the control's numbers), one particle;
+    ``x_tilde_matrix`` is ``columns(x_tilde)`` when the caller has it.
 
     reverse: ``reverse_jacobian`` over (theta, x), one pullback per control output;
     forward: ``jacfwd`` of theta' -> u(theta', x + Xtilde (theta' - theta)), one pass per parameter.
@@ -248,7 +265,7 @@ def control_rows(
             return (u,), u
 
         (u_theta, u_x), _, u = reverse_jacobian(evaluate, theta, x)
-        return u, torch.addmm(u_theta, u_x, columns(x_tilde))
+        return u, torch.addmm(u_theta, u_x, columns(x_tilde) if x_tilde_matrix is None else x_tilde_matrix)
 
     def along_sensitivity(theta_prime: Theta) -> tuple[torch.Tensor, torch.Tensor]:
         shift = tree_map(torch.sub, theta_prime, theta)
@@ -285,14 +302,15 @@ def linearise_structured(
     """The structure-aware route, one particle: D h = h_x Xtilde + h_u D u for the terms h of
     ``terms_xu(x, u)`` named in ``names``, the control differentiated once (``control_rows``); every
     term's rows in one matrix product per argument."""
-    u, d_u = control_rows(control, theta, x, x_tilde, mode)
+    x_tilde_matrix = columns(x_tilde)
+    u, d_u = control_rows(control, theta, x, x_tilde, mode, x_tilde_matrix)
 
     def evaluate(x_: torch.Tensor, u_: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Terms]:
         out = terms_xu(x_, u_)
         return tuple(out[name] for name in names), out
 
     (h_x, h_u), outputs, value = reverse_jacobian(evaluate, x, u)
-    total = torch.addmm(h_x @ columns(x_tilde), h_u, d_u)
+    total = torch.addmm(h_x @ x_tilde_matrix, h_u, d_u)
     return value, per_output(total, outputs, names, theta)
 
 
