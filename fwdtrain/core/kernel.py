@@ -49,7 +49,8 @@ def descend(theta: Any, gradient: Any, alpha: Any, dt: Any) -> Any:
 
     alpha(t_n) from a schedule is float64 like the clock t; it would promote a 0-d leaf.
     """
-    return tree_map(lambda th, g: th - ((alpha * dt) * g).to(th.dtype), theta, gradient)
+    rate = alpha * dt
+    return tree_map(lambda th, g: th - (rate * g).to(th.dtype), theta, gradient)
 
 
 def average_step(average: Any, theta: Any, t: Any) -> Any:
@@ -193,11 +194,17 @@ def propagate(
     moved = move(sde, state.theta, solver, state.x, state.x_tilde, dw, dt, plan)
     cost = moved.value["cost"]
     if isinstance(state.score, tuple) and not state.score:
-        gradient = tree_map(lambda g: g.mean(0), moved.total["cost"])
-        return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(cost.mean(), gradient)
+        gradient = tree_map(particle_mean, moved.total["cost"])
+        return state._replace(x=moved.x, x_tilde=moved.x_tilde), StepInfo(particle_mean(cost), gradient)
     gradient = score_gradient(cost, moved.total["cost"], state.score)
     score = tree_map(torch.add, state.score, moved.total["likelihood"])
-    return state._replace(x=moved.x, x_tilde=moved.x_tilde, score=score), StepInfo(cost.mean(), gradient)
+    return state._replace(x=moved.x, x_tilde=moved.x_tilde, score=score), StepInfo(particle_mean(cost), gradient)
+
+
+def particle_mean(leaf: torch.Tensor) -> torch.Tensor:
+    """(1/N) sum_i over the leading particle axis; for one particle the particle itself (the same number,
+    without a reduction kernel)."""
+    return leaf[0] if leaf.shape[0] == 1 else leaf.mean(0)
 
 
 __all__ = [
@@ -211,6 +218,7 @@ __all__ = [
     "draw_events",
     "learning_rate",
     "move",
+    "particle_mean",
     "particle_terms",
     "propagate",
     "score_gradient",

@@ -140,38 +140,43 @@ def _split_columns(rows: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, 
 def _reverse_jacobian_eager(
     fn: Callable[..., tuple[tuple[torch.Tensor, ...], Any]], *args: Any
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]:
-    """``reverse_jacobian`` outside every transform and trace, by ``torch.autograd.grad`` on detached leaves."""
-    inputs_of, specs, sizes = [], [], []
+    """``reverse_jacobian`` outside every transform and trace, by ``torch.autograd.grad`` on detached leaves.
+
+    Each output is pulled back on its own (a scalar with a seed of one, a vector number by number): the
+    engine walks only the part of the graph that output depends on, where a pullback of all outputs
+    concatenated walks every part with zeros (twice the cost for the 1-D LQR's drift and cost)."""
+    inputs, at, sizes = [], [], []
     with torch.enable_grad():
         for arg in args:
+            if isinstance(arg, torch.Tensor):  # a lone tensor needs no pytree round trip
+                leaf = arg.detach().requires_grad_()
+                inputs.append(leaf)
+                at.append(leaf)
+                sizes.append(arg.numel())
+                continue
             arg_leaves, spec = flatten(arg)
-            inputs_of.append([leaf.detach().requires_grad_() for leaf in arg_leaves])
-            specs.append(spec)
+            copies = [leaf.detach().requires_grad_() for leaf in arg_leaves]
+            inputs.extend(copies)
+            at.append(unflatten(spec, copies))
             sizes.append(sum(leaf.numel() for leaf in arg_leaves))
-        inputs = [leaf for group in inputs_of for leaf in group]
-        outputs, aux = fn(*(unflatten(spec, group) for spec, group in zip(specs, inputs_of, strict=True)))
-        y = _ravel(outputs)
-        count = y.numel()
-        if not y.requires_grad:
-            rows = torch.zeros((count, sum(leaf.numel() for leaf in inputs)), dtype=y.dtype, device=y.device)
-        else:
-            seeds = [torch.ones_like(y)] if count == 1 else list(torch.eye(count, dtype=y.dtype, device=y.device))
-            rows = torch.stack(
-                [
-                    _ravel(
-                        [
-                            torch.zeros_like(leaf) if g is None else g
-                            for g, leaf in zip(
-                                torch.autograd.grad(y, inputs, e, retain_graph=i < count - 1, allow_unused=True),
-                                inputs,
-                                strict=True,
-                            )
-                        ]
-                    )
-                    for i, e in enumerate(seeds)
-                ]
-            )
-    return _split_columns(rows, sizes), tuple(out.detach() for out in outputs), _detached(aux)
+        outputs, aux = fn(*at)
+        seeded = [(out.reshape(-1), i) for out in outputs for i in range(out.numel())]
+        rows = [_pullback(y, i, inputs, retain=j < len(seeded) - 1) for j, (y, i) in enumerate(seeded)]
+    rows_matrix = rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+    return _split_columns(rows_matrix, sizes), tuple(out.detach() for out in outputs), _detached(aux)
+
+
+def _pullback(y: torch.Tensor, i: int, inputs: list[torch.Tensor], retain: bool) -> torch.Tensor:
+    """Row i of the Jacobian of the vector y w.r.t. ``inputs``, raveled into one vector (zeros where unused)."""
+    if not y.requires_grad:
+        return y.new_zeros(sum(leaf.numel() for leaf in inputs))
+    if y.numel() == 1:
+        seed = torch.ones_like(y)
+    else:
+        seed = torch.zeros_like(y)
+        seed[i] = 1
+    grads = torch.autograd.grad(y, inputs, seed, retain_graph=retain, allow_unused=True)
+    return _ravel([torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, inputs, strict=True)])
 
 
 def _detached(tree: Any) -> Any:
