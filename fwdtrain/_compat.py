@@ -13,6 +13,9 @@ lives here, so the numerical code reads like its equations and a torch upgrade t
   in its default temporary folder whatever the cache folder) and the instruction-set probe's result
   go to fwdtrain's cache folder; a known probe result skips the probe (3-4 s of compiling test
   programs).
+- ``pullback(y, inputs, seed, retain)``: one reverse pass of ``torch.autograd`` straight into its engine,
+  skipping ``torch.autograd.grad``'s argument normalising and shape checks (11 of its 27 us on a tiny graph,
+  paid three times per eager step at one particle); ``torch.autograd.grad`` where the engine's handle is gone.
 - ``PRELOAD_MODULES``: what a forkserver preloads so that its children start warm (torch.func imports
   dynamo, a private module).
 - AOTInductor (``aot_compile``, ``aot_load``): ``torch.export`` of a traced graph, compiled into a
@@ -59,6 +62,19 @@ def tracing() -> bool:
     from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, already imported by torch.fx
 
     return get_proxy_mode() is not None
+
+
+_ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+
+
+def pullback(
+    y: torch.Tensor, inputs: list[torch.Tensor], seed: torch.Tensor, retain: bool
+) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(y, inputs, seed, retain_graph=retain, allow_unused=True)`` for a y that requires
+    grad, a seed of y's shape and dtype and leaf inputs (the caller guarantees all three)."""
+    if _ENGINE is None or torch.overrides.has_torch_function((y, *inputs)):
+        return torch.autograd.grad(y, inputs, seed, retain_graph=retain, allow_unused=True)
+    return _ENGINE.run_backward((y,), (seed,), retain, False, tuple(inputs), True, False)
 
 
 def is_wrapped(value: Any) -> bool:

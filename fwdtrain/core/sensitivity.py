@@ -175,7 +175,7 @@ def _pullback(y: torch.Tensor, i: int, inputs: list[torch.Tensor], retain: bool)
     else:
         seed = torch.zeros_like(y)
         seed[i] = 1
-    grads = torch.autograd.grad(y, inputs, seed, retain_graph=retain, allow_unused=True)
+    grads = compat.pullback(y, inputs, seed, retain)
     return _ravel([torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, inputs, strict=True)])
 
 
