@@ -59,9 +59,19 @@ def tracing() -> bool:
     """True while torch.compile (dynamo) or ``make_fx`` records a graph of the code being run."""
     if torch.compiler.is_compiling():
         return True
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, already imported by torch.fx
+    return _proxy_mode() is not None
 
-    return get_proxy_mode() is not None
+
+def _proxy_mode() -> Any:
+    global _get_proxy_mode
+    if _get_proxy_mode is None:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, already imported by torch.fx
+
+        _get_proxy_mode = get_proxy_mode
+    return _get_proxy_mode()
+
+
+_get_proxy_mode: Callable[[], Any] | None = None
 
 
 _ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)

@@ -233,6 +233,10 @@ def jit_step(
         TypeError, ValueError: A problem that is not an SDE, an unknown solver or mode (at once); bad inputs on
             a call, as ``fwdtrain.step``.
     """
+    given = (solver, optimizer, mode, compile, type(compile))  # the type: compile=1 is not compile=True
+    known = _JITTED.get(sde) if isinstance(sde, SDE) else None
+    if known is not None and _hashable(given) and given in known:  # a repeated call: no option rebuilt
+        return known[given]
     if not isinstance(sde, SDE):
         raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
     if mode not in MODES:
@@ -250,7 +254,17 @@ def jit_step(
     jitted = _JITTED.setdefault(sde, {})
     if options not in jitted:
         jitted[options] = JitStep(CostForm(sde, solver, optimizer), mode, compiling)
+    if _hashable(given):
+        jitted[given] = jitted[options]  # the options as passed, for the look-up of the next call
     return jitted[options]
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def step_with_info(
