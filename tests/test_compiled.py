@@ -389,6 +389,20 @@ def test_simplify_leaves_what_an_in_place_op_touches_and_drops_only_repeats():
         assert torch.equal(got, want) and got.shape == want.shape
 
 
+def test_simplify_turns_traced_views_into_reshapes_that_take_other_strides():
+    """make_fx records x.reshape(6) of a contiguous x as a view, valid only for contiguous inputs; the export
+    that compiles a graph may give a tensor other strides. After simplify the graph takes them."""
+    traced = ft.compile.graphs.trace(lambda x: (x.reshape(6) * 2,), (torch.ones(2, 3),))
+    transposed = torch.arange(6.0).reshape(3, 2).t()  # shape (2, 3), not viewable as (6,)
+    with pytest.raises(RuntimeError, match="view"):
+        traced.graph(transposed)
+    ft.compile.graphs.simplify(traced.graph)
+    targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
+    assert "aten.view.default" not in targets
+    (got,) = traced.graph(transposed)
+    assert torch.equal(got, transposed.reshape(6) * 2)
+
+
 def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was():
     leaves_ = (
         torch.randn(3, 2, dtype=torch.float64),

@@ -45,6 +45,9 @@ def test_jit_step_is_one_object_per_problem_and_options():
     assert ft.jit_step(ex.sde, compile=QUICK) is fast
     assert ft.jit_step(ex.sde, compile=QUICK, solver="heun") is not fast
     assert ft.jit_step(ex.sde, compile=False) is not fast
+    assert ft.jit_step(ex.sde, compile=False, solver=ft.Euler()) is ft.jit_step(ex.sde, compile=False)
+    with pytest.raises(TypeError, match="compile must be"):  # the look-up of repeated calls keeps the type
+        ft.jit_step(ex.sde, compile=0)
     with pytest.raises(TypeError, match="fwdtrain.SDE"):
         ft.jit_step(lambda x: x)
     with pytest.raises(ValueError, match="mode must be one of"):

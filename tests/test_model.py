@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import fwdtrain as ft
+from fwdtrain.core._tree import leaves
 
 
 def test_functional_matches_the_module_and_leaves_it_alone():
@@ -47,6 +48,19 @@ def test_mlp_equals_the_equivalent_module():
             layer.bias.copy_(model.theta[f"bias{i}"])
     x = torch.randn(4, 2)
     torch.testing.assert_close(model.apply(model.theta, x), module(x))
+
+
+@pytest.mark.parametrize("output_bias", [True, False])
+def test_mlp_on_one_point_equals_its_row_of_a_batch_and_has_the_same_derivatives(output_bias):
+    """One point x (d,) takes the matrix-vector route (addmv / mv), a batch the matrix route: same values,
+    and the same gradients in theta and x."""
+    model = ft.mlp([3, 7, 2], activation="tanh", output_bias=output_bias, seed=2, dtype=torch.float64)
+    x = torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(model.apply(model.theta, x), model.apply(model.theta, x[None])[0])
+    one = torch.func.jacrev(model.apply, argnums=(0, 1))(model.theta, x)
+    batch = torch.func.jacrev(lambda th, x_: model.apply(th, x_[None])[0], argnums=(0, 1))(model.theta, x)
+    for a, b in zip(leaves(one), leaves(batch), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_mlp_bad_arguments():

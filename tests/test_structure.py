@@ -6,6 +6,7 @@ from test_sensitivity import _check_against_finite_differences
 from torch.func import jacfwd
 
 import fwdtrain as ft
+import fwdtrain._compat
 from fwdtrain.core._tree import leaves, tree_map
 from fwdtrain.core.kernel import propagate
 from fwdtrain.core.problem import check_noise_type
@@ -240,7 +241,7 @@ def test_structured_route_composes_with_the_users_jacfwd(noise, particles):
 
 @pytest.mark.parametrize("transformed", [False, True], ids=["eager", "under-vmap"])
 @pytest.mark.parametrize("outputs", ["few", "many"])
-def test_reverse_jacobian_equals_jacrev(outputs, transformed):
+def test_reverse_jacobian_equals_jacrev(outputs, transformed, monkeypatch):
     """Every branch (autograd eagerly; under a transform the pullbacks unrolled for <= UNROLLED_ROWS numbers,
     vmapped beyond) equals torch.func.jacrev, raveled into rows (n, numel) per leaf."""
     from torch.func import jacrev, vmap
@@ -251,8 +252,9 @@ def test_reverse_jacobian_equals_jacrev(outputs, transformed):
 
     def fn(th, x_):
         u = _control(th, x_)
+        constant = torch.ones((), dtype=x_.dtype)  # depends on neither argument: rows of zeros
         outs = (u.sum(), _drift(x_, u)) if outputs == "few" else (_full_diffusion(x_, u), _cost(x_, u))
-        return outs, u
+        return outs + (constant,), u
 
     if transformed:
         rows, outs, aux = vmap(lambda x_: reverse_jacobian(fn, theta, x_))(x[None])
@@ -260,6 +262,7 @@ def test_reverse_jacobian_equals_jacrev(outputs, transformed):
     else:
         rows, outs, aux = reverse_jacobian(fn, theta, x)
     expected, _ = jacrev(fn, argnums=(0, 1), has_aux=True)(theta, x)
+    assert all(not bool(leaf.any()) for leaf in leaves(expected[-1]))
     want = [
         torch.cat(
             [
@@ -270,6 +273,11 @@ def test_reverse_jacobian_equals_jacrev(outputs, transformed):
         for j in range(2)
     ]
     assert (sum(o.numel() for o in fn(theta, x)[0]) <= UNROLLED_ROWS) == (outputs == "few")
+    if not transformed:  # the engine's handle and torch.autograd.grad give the same rows
+        monkeypatch.setattr(fwdtrain._compat, "_ENGINE", None)
+        fallback, _, _ = reverse_jacobian(fn, theta, x)
+        for a, b in zip(leaves(fallback), leaves(rows), strict=True):
+            assert torch.equal(a, b)
     torch.testing.assert_close(aux, _control(theta, x))
     for got, o in zip(outs, fn(theta, x)[0], strict=True):
         torch.testing.assert_close(got, o)

@@ -271,8 +271,11 @@ def _same_value(node: torch.fx.Node) -> torch.fx.Node | None:
 def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
     """Fold what vmap and vjp leave in a traced graph (``trace``): a chain of reshapes becomes one reshape
     of its root, and a node that only repeats its input (``_same_value``: a reshape to the same shape, the
-    expands and permutes of a single particle, ``x * 1``) is replaced by it; then dead nodes go. The same
-    values, bit for bit (no arithmetic changes). Nodes an in-place op touches are left as they are.
+    expands and permutes of a single particle, ``x * 1``) is replaced by it; then dead nodes go. Every view
+    becomes a reshape: ``make_fx`` records a reshape as a view when the traced tensor allowed one, but the
+    export that compiles the graph may give that tensor other strides (an add over size-1 axes), where the
+    view fails and a reshape copies. The same values, bit for bit (no arithmetic changes). Nodes an in-place
+    op touches are left as they are.
     Returns the ATen calls (nodes that call a function) before and after."""
     calls = lambda: sum(1 for node in graph.graph.nodes if node.op == "call_function")
     before = calls()
@@ -293,7 +296,9 @@ def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
             and root.meta["val"].is_contiguous()
         ):
             node.args = (root, *node.args[1:])
-            node.target = aten.view.default
+            node.target = aten.reshape.default
+        elif _name(node) == "view.default" and not ({node, source} & mutated):
+            node.target = aten.reshape.default  # a traced view holds only for the strides seen when tracing
         same = _same_value(node)
         if same is not None and same not in mutated:
             node.replace_all_uses_with(same)

@@ -50,7 +50,12 @@ def descend(theta: Any, gradient: Any, alpha: Any, dt: Any) -> Any:
     alpha(t_n) from a schedule is float64 like the clock t; it would promote a 0-d leaf.
     """
     rate = alpha * dt
-    return tree_map(lambda th, g: th - (rate * g).to(th.dtype), theta, gradient)
+
+    def descended(th: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        change = rate * g
+        return th - (change if change.dtype == th.dtype else change.to(th.dtype))
+
+    return tree_map(descended, theta, gradient)
 
 
 def average_step(average: Any, theta: Any, t: Any) -> Any:
