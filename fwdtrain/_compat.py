@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, which ``import torch`` loads
 
 # dynamo (torch.compile) fails on jvp under vmap in torch <= 2.13; make_fx traces both modes.
 DYNAMO_TRACES_FORWARD_MODE = False
@@ -59,19 +60,7 @@ def tracing() -> bool:
     """True while torch.compile (dynamo) or ``make_fx`` records a graph of the code being run."""
     if torch.compiler.is_compiling():
         return True
-    return _proxy_mode() is not None
-
-
-def _proxy_mode() -> Any:
-    global _get_proxy_mode
-    if _get_proxy_mode is None:
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode  # a plain module, already imported by torch.fx
-
-        _get_proxy_mode = get_proxy_mode
-    return _get_proxy_mode()
-
-
-_get_proxy_mode: Callable[[], Any] | None = None
+    return get_proxy_mode() is not None
 
 
 _ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)

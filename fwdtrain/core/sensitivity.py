@@ -225,6 +225,12 @@ def per_output(
     }
 
 
+def shifted(x: torch.Tensor, x_tilde: Any, theta: Theta, theta_prime: Theta) -> torch.Tensor:
+    """X + Xtilde (theta' - theta): the point that moves with theta' along the sensitivity, whose derivative in
+    theta' at theta' = theta is Xtilde (what forward mode pushes each parameter through)."""
+    return x + contract(x_tilde, tree_map(torch.sub, theta_prime, theta))
+
+
 def linearise_generic(
     fn: TermsFn, theta: Theta, x: torch.Tensor, x_tilde: Any, mode: str, names: tuple[str, ...]
 ) -> tuple[Terms, Terms]:
@@ -245,8 +251,7 @@ def linearise_generic(
         return value, per_output(total, outputs, names, theta)
 
     def along_sensitivity(theta_prime: Theta) -> tuple[tuple[torch.Tensor, ...], Terms]:
-        shift = tree_map(torch.sub, theta_prime, theta)
-        out = fn(theta_prime, x + contract(x_tilde, shift))
+        out = fn(theta_prime, shifted(x, x_tilde, theta, theta_prime))
         return tuple(out[name] for name in names), out
 
     totals, value = jacfwd(along_sensitivity, has_aux=True)(theta)
@@ -278,8 +283,7 @@ def control_rows(
         return u, [torch.addmm(ut, u_x, xt) for ut, xt in zip(u_theta, blocks, strict=True)]
 
     def along_sensitivity(theta_prime: Theta) -> tuple[torch.Tensor, torch.Tensor]:
-        shift = tree_map(torch.sub, theta_prime, theta)
-        u = control(theta_prime, x + contract(x_tilde, shift))
+        u = control(theta_prime, shifted(x, x_tilde, theta, theta_prime))
         return u, u
 
     d_u, u = jacfwd(along_sensitivity, has_aux=True)(theta)
