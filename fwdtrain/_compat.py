@@ -25,10 +25,11 @@ lives here, so the numerical code reads like its equations and a torch upgrade t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,26 @@ def pullback(
     if _ENGINE is None or torch.overrides.has_torch_function((y, *inputs)):
         return torch.autograd.grad(y, inputs, seed, retain_graph=retain, allow_unused=True)
     return _ENGINE.run_backward((y,), (seed,), retain, False, tuple(inputs), True, False)
+
+
+def flushing_subnormals() -> bool:
+    """True when this thread reads and writes subnormal floats as zero: a subnormal float32 times one is 0."""
+    return bool((torch.full((1,), 1e-40, dtype=torch.float32) * 1.0)[0] == 0)
+
+
+@contextlib.contextmanager
+def subnormals_flushed(enabled: bool = True) -> Iterator[None]:
+    """Subnormal floats (|v| < 1.2e-38 in float32) read and written as zero on this thread while the block runs
+    (the CPU's flush-to-zero and denormals-are-zero modes, ``torch.set_flush_denormal``); the mode found before
+    is restored after. A no-op when ``enabled`` is False, when the mode is on already, or where the CPU has none.
+    Threads other than the caller (a kernel's OpenMP workers) keep their own mode."""
+    if not enabled or flushing_subnormals() or not torch.set_flush_denormal(True):
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def is_wrapped(value: Any) -> bool:
@@ -223,10 +244,12 @@ __all__ = [
     "add_batch_dim",
     "aot_compile",
     "aot_load",
+    "flushing_subnormals",
     "is_fake",
     "is_wrapped",
     "record_probe",
     "skip_known_probe",
+    "subnormals_flushed",
     "top_transform_is_vmap",
     "tracing",
     "transform_of",

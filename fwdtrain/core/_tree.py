@@ -62,3 +62,19 @@ def contract(x_tilde: PyTree, direction: PyTree) -> torch.Tensor:
 def squared_norm(tree: PyTree) -> torch.Tensor:
     terms = [leaf.square().sum() for leaf in leaves(tree)]
     return sum(terms[1:], terms[0])
+
+
+def norm(tree: PyTree) -> torch.Tensor:
+    """|tree| = sqrt(sum of squares over every leaf), detached: one fused call for the leaves' norms (no
+    autograd, no transforms: for the loop's records, not for a pure function)."""
+    values = [leaf.detach() for leaf in leaves(tree)]
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(values)))
+
+
+def peak(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """max |.| over every number of ``tensors`` (NaN if any is NaN), detached: the floating ones' infinity
+    norms in one fused call, the others (integers) one by one. ``tensors`` must hold at least one number."""
+    floating = [t.detach() for t in tensors if t.numel() and t.is_floating_point()]
+    others = [t.detach().abs().amax() for t in tensors if t.numel() and not t.is_floating_point()]
+    peaks = [*(torch._foreach_norm(floating, math.inf) if floating else ()), *others]
+    return torch.stack(peaks).amax()

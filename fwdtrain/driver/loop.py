@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .. import _compat
+from ..compile.options import Compile
 from ..core import _checks
 from ..core.errors import DivergenceError
 from ..core.history import History, Record, build, empty_records
@@ -84,12 +86,14 @@ class Loop:
         checks: Checks,
         hooks: tuple[Hook, ...],
         previous: History | None,
-        chunk: int,
+        options: Compile,
         lr: Any,
     ) -> None:
         self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
-        self.previous, self.chunk, self.lr = previous, chunk, lr
+        self.previous, self.lr = previous, lr
+        self.chunk = options.chunk  # steps of noise drawn at once
+        self.flush_subnormals = options.flush_subnormals  # steps and events with subnormals read as zero
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
         self.record_state: Callable[[State], Any] = save.record or problem.record
@@ -311,22 +315,13 @@ class Loop:
         """Step until step ``stop`` (at most the end): unchecked steps, events at their steps. Returns the carry.
 
         Raises ``DivergenceError`` at a failed check; KeyboardInterrupt leaves ``carry`` at the last whole step
-        (after the hooks' ``failed``, which may raise instead).
+        (after the hooks' ``failed``, which may raise instead). With ``flush_subnormals`` the steps and events run
+        with subnormal floats read as zero on this thread (``_compat.subnormals_flushed``), the mode restored after.
         """
         stop = min(stop, self.end)
-        next_event = self.next_event(self.carry.n, stop)
         try:
-            while self.carry.n < stop:
-                drawn = self.source.draw(min(self.chunk, stop - self.carry.n))
-                block = _padded(drawn, self.chunk)
-                i = 0
-                while i < len(drawn):
-                    count = min(next_event - self.carry.n, len(drawn) - i)
-                    self.stepper.steps(self.carry, block, i, count, self.set_carry)
-                    i += count
-                    if self.carry.n == next_event:
-                        self._on_event()
-                        next_event = self.next_event(self.carry.n, stop)
+            with _compat.subnormals_flushed(self.flush_subnormals):
+                self._advance(stop)
         except BaseException as error:
             if not isinstance(error, DivergenceError):
                 for hook in self.hooks:
@@ -334,12 +329,18 @@ class Loop:
             raise
         return self.carry
 
-
-def _padded(block: torch.Tensor, length: int) -> torch.Tensor:
-    """``block`` with zero rows appended up to ``length`` rows (a compiled loop takes blocks of one shape)."""
-    if block.shape[0] == length:
-        return block
-    return torch.cat([block, block.new_zeros((length - block.shape[0], *block.shape[1:]))])
+    def _advance(self, stop: int) -> None:
+        next_event = self.next_event(self.carry.n, stop)
+        while self.carry.n < stop:
+            block = self.source.draw(min(self.chunk, stop - self.carry.n))  # a compiled stepper pads it
+            i = 0
+            while i < len(block):
+                count = min(next_event - self.carry.n, len(block) - i)
+                self.stepper.steps(self.carry, block, i, count, self.set_carry)
+                i += count
+                if self.carry.n == next_event:
+                    self._on_event()
+                    next_event = self.next_event(self.carry.n, stop)
 
 
 def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:

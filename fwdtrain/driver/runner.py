@@ -155,7 +155,7 @@ def setup(
         checks=checks,
         hooks=hooks,
         previous=history,
-        chunk=options.chunk,
+        options=options,
         lr=lr,
     )
     for hook in hooks:

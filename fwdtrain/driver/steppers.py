@@ -91,9 +91,12 @@ def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
     return torch.from_numpy(values).to(t.device).reshape((count, *t.shape))
 
 
-def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> torch.Tensor:
-    """alpha(t_k) for the steps start .. start + count - 1 of a block of ``length`` (zeros elsewhere), t_k as the
-    step accumulates it (``clocks``), in the dtype the schedule gives at t: (length, *t.shape)."""
+def block_rates(
+    schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alpha(t_k), t_k) for the steps start .. start + count - 1 of a block of ``length`` (alpha zero elsewhere),
+    t_k as the step accumulates it (``clocks``: (count, *t.shape)); alpha in the dtype the schedule gives at t:
+    (length, *t.shape)."""
     times = clocks(t, dt, count)
     try:
         alphas = torch.as_tensor(schedule(times))
@@ -102,26 +105,53 @@ def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, coun
         alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
     out = torch.zeros((length, *t.shape), dtype=torch.as_tensor(schedule(t)).dtype, device=t.device)
     out[start : start + count] = alphas
-    return out
+    return out, times
 
 
 class Compiled:
-    """Every run of steps between two events in one call of the compiled loop of ``advance``."""
+    """Every run of steps between two events in one call of the compiled loop of ``advance``.
 
-    def __init__(self, stepping: Stepping, kernel: LoopKernel) -> None:
-        self.s, self.kernel = stepping, kernel
+    The loop hands it the block as drawn; the kernel takes blocks of ``length`` rows (a shorter last block is
+    padded with zeros). A block's padding and its learning rates are made at its first call and reused by its
+    later calls while the clock is where those rates assumed (a member frozen at a check, its clock set back,
+    gets them anew); the schedule is never asked for a step past the block's drawn rows.
+    """
+
+    def __init__(self, stepping: Stepping, kernel: LoopKernel, length: int) -> None:
+        self.s, self.kernel, self.length = stepping, kernel, length
+        self._block: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def route(self) -> str:
         return self.kernel.route
 
+    def inputs(self, t: torch.Tensor, block: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``block`` padded to ``length`` rows, alpha(t_k) for its steps from ``start`` on, zeros before)."""
+        cached = self._block  # (block, first start, clocks from there, padded block, rates)
+        if cached is not None and cached[0] is block:
+            if cached[1] <= start and torch.equal(cached[2][start - cached[1]], t):
+                return cached[3], cached[4]
+            padded = cached[3]
+        else:
+            padded = padded_block(block, self.length)
+        rates, times = block_rates(self.s.schedule, t, self.s.dt, start, block.shape[0] - start, self.length)
+        self._block = (block, start, times, padded, rates)
+        return padded, rates
+
     def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
-        alphas = block_rates(self.s.schedule, carry.state.t, self.s.dt, start, count, block.shape[0])
+        padded, alphas = self.inputs(carry.state.t, block, start)
         info = carry.info if carry.info is not None else zero_info(carry.state)
-        state, total, info = self.kernel(count, start, (block, alphas), (carry.state, carry.total, info))
+        state, total, info = self.kernel(count, start, (padded, alphas), (carry.state, carry.total, info))
         carry = Carry(state, carry.n + count, total, info)
         set_carry(carry)
         return carry
+
+
+def padded_block(block: torch.Tensor, length: int) -> torch.Tensor:
+    """``block`` with zero rows appended up to ``length`` rows (a compiled loop takes blocks of one shape)."""
+    if block.shape[0] == length:
+        return block
+    return torch.cat([block, block.new_zeros((length - block.shape[0], *block.shape[1:]))])
 
 
 class Split:
@@ -192,15 +222,18 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
 
     carry, inputs = _template(s, state, block)
     kernel = loop_kernel(step, carry, inputs, key=(*key, "loop"), options=options, what="the step")
-    return Compiled(s, kernel)
+    return Compiled(s, kernel, block.shape[0])
 
 
 class Auto:
     """``compile="auto"``: eager for a warm-up step and ``policy.EAGER_PROBE_STEPS`` timed steps, then compiled
     when ``policy.decide`` projects that it pays for the steps left (a kernel on disk counts as nearly free)."""
 
-    def __init__(self, stepping: Stepping, options: Compile, end: int, agree: Callable[[bool], bool]) -> None:
+    def __init__(
+        self, stepping: Stepping, options: Compile, end: int, agree: Callable[[bool], bool], example: torch.Tensor
+    ) -> None:
         self.s, self.options, self.end, self.agree = stepping, options, end, agree
+        self.example = example  # a block of the compiled loop's length
         self.eager = Eager(stepping)
         self.chosen: Eager | Compiled | Split | None = None
         self.timed: list[float] = []
@@ -217,19 +250,19 @@ class Auto:
             self.timed.append(time.perf_counter() - clock)
             start, count = start + 1, count - 1
             if len(self.timed) > policy.EAGER_PROBE_STEPS:
-                self.chosen = self._choose(carry, block)
+                self.chosen = self._choose(carry)
         if count == 0:
             return carry
         assert self.chosen is not None
         return self.chosen.steps(carry, block, start, count, set_carry)
 
-    def _choose(self, carry: Carry, block: torch.Tensor) -> Eager | Compiled | Split:
+    def _choose(self, carry: Carry) -> Eager | Compiled | Split:
         """This process's choice, then the run's (``agree``: every rank of a group takes rank 0's)."""
         eager_step = min(self.timed[1:])  # the first step pays one-time costs (imports, caches)
         remaining = self.end - carry.n
         chosen = None
         if policy.worth_tracing(eager_step, remaining):
-            chosen = compiled(self.s, carry.state, block, self.options._replace(enabled=True))
+            chosen = compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
             kernel = chosen.kernel if isinstance(chosen, Compiled) else None
             warm = kernel.warm if kernel is not None else False
             nodes = kernel.nodes if kernel is not None else 0
@@ -237,7 +270,9 @@ class Auto:
         if not self.agree(self.decision is not None and self.decision.compile):
             return self.eager
         return (
-            chosen if chosen is not None else compiled(self.s, carry.state, block, self.options._replace(enabled=True))
+            chosen
+            if chosen is not None
+            else compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
         )
 
 
@@ -254,7 +289,7 @@ def stepper(
     if options.enabled is False:
         return Eager(stepping)
     if options.enabled == "auto":
-        return Auto(stepping, options, end, agree)
+        return Auto(stepping, options, end, agree, block)
     return compiled(stepping, state, block, options)
 
 

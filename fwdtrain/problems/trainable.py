@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..core._tree import leaves, squared_norm
+from ..core._tree import leaves, norm, peak
 from ..core.kernel import GradientReduce, LearningRate, StepInfo, update_parameters
 from ..core.noise import BrownianNoise, Noise, NoiseLike, as_noise
 from ..core.solvers import Solver, as_solver
@@ -142,9 +142,8 @@ class Trainable(abc.ABC):
     # ---- a problem made of independent members (an ensemble) overrides these ----
     def within(self, state: State, bound: float | None) -> torch.Tensor:
         """0-d bool: x, x_tilde and theta all finite (and |.| <= bound when given); one reduction."""
-        peaks = [leaf.detach().abs().amax() for leaf in leaves((state.x, state.x_tilde, state.theta)) if leaf.numel()]
-        peak = torch.stack(peaks).amax()
-        return torch.isfinite(peak) if bound is None else peak <= bound  # NaN compares False
+        largest = peak(leaves((state.x, state.x_tilde, state.theta)))
+        return torch.isfinite(largest) if bound is None else largest <= bound  # NaN compares False
 
     def freeze(self, good: State, new: State, running: torch.Tensor) -> State:
         """``new`` for running members and ``good`` for the others; a single run has no members to freeze."""
@@ -152,7 +151,7 @@ class Trainable(abc.ABC):
 
     def gradient_norm(self, gradient: Any) -> torch.Tensor:
         """|G| over every leaf (per member for an ensemble)."""
-        return squared_norm(gradient).sqrt()
+        return norm(gradient)
 
     def nonfinite(self, state: State) -> str | None:
         """The name of the problem's first function that is NaN or inf at the state's particles ("drift", ...),
