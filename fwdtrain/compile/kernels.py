@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -195,6 +196,8 @@ class _Package:
     def fits(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """``flat`` laid out as the example the package was built for (its C++ runner reads memory as it was
         told to: another dtype or shape would be read as garbage, so it is refused; other strides are copied)."""
+        if [(t.dtype, t.shape, t.stride()) for t in flat] == self.signature:  # the loop's own carry: as built
+            return flat
         if len(flat) != len(self.signature) or any(
             (t.dtype, t.shape) != expected[:2] for t, expected in zip(flat, self.signature, strict=False)
         ):
@@ -366,6 +369,18 @@ class Kernel:
         return package.run
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _count(value: int) -> torch.Tensor:
+    """The 0-d int64 tensor ``value``, made once (a loop kernel's step count; the kernel only reads it)."""
+    return torch.tensor(value, dtype=torch.int64)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _start(value: int) -> torch.Tensor:
+    """As ``_count``, for the first row: a tensor of its own even where the two values are equal."""
+    return torch.tensor(value, dtype=torch.int64)
+
+
 class LoopKernel(Kernel):
     """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
 
@@ -386,7 +401,7 @@ class LoopKernel(Kernel):
             return graphs.run_steps(self.step, count, start, inputs, carry)
 
         def flat(steps: int) -> list[torch.Tensor]:
-            return [torch.tensor(steps), torch.tensor(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+            return [_count(steps), _start(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
 
         def one_step() -> tuple[list[torch.Tensor], list[Any]]:
             return flat(1), optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))

@@ -99,6 +99,7 @@ class BrownianNoise:
         self._buffer: torch.Tensor | None = None  # block number _drawn - 1, scaled by sqrt(dt)
         self._drawn = 0  # blocks drawn from the generator so far
         self._states: dict[int, torch.Tensor] = {}  # block index -> generator state before it (recent blocks)
+        self._constants: dict[str, torch.Tensor] | None = None  # state_dict's fixed entries (never written to)
 
     def _next_block(self) -> torch.Tensor:
         index = self._drawn
@@ -142,20 +143,15 @@ class BrownianNoise:
                 f"the noise position {position} is outside the latest draw (steps up to {self.position} are known)"
             )
 
-        def integer(value):
-            return torch.tensor(value, dtype=torch.int64)
-
-        return {
-            self.kind: {
-                "generator": state.clone(),
-                "position": integer(position),
-                "offset": integer(offset),
-                "seed": integer(self.seed),
-                "block": integer(self.block),
-                "shape": integer(list(self.shape)),
+        if self._constants is None:  # made once: the loop asks at every divergence check
+            self._constants = {
+                "seed": torch.tensor(self.seed, dtype=torch.int64),
+                "block": torch.tensor(self.block, dtype=torch.int64),
+                "shape": torch.tensor(list(self.shape), dtype=torch.int64),
                 "dt": torch.tensor(self.dt, dtype=torch.float64),
             }
-        }
+        where = torch.tensor([position, offset], dtype=torch.int64)
+        return {self.kind: {"generator": state.clone(), "position": where[0], "offset": where[1], **self._constants}}
 
     @classmethod
     def from_state_dict(
