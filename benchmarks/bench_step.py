@@ -144,6 +144,21 @@ def measure(variants: list[Variant], repeats: int) -> dict[str, dict[str, Any]]:
     }
 
 
+DRIFT_FLAG = 1.3  # a variant whose last timed segment took this much longer than its first is flagged
+
+
+def print_drift(rows: list[dict[str, Any]]) -> None:
+    """Flag the variants whose segments slowed down over the continued run (the median hides it): a run that
+    slows as it goes on (subnormal sensitivities once did, 14 -> 88 us a step at N = 100 over 40 segments)."""
+    for row in rows:
+        samples = row.get("samples_steps_per_s") or []
+        if len(samples) > 1 and samples[0] / samples[-1] > DRIFT_FLAG:
+            print(
+                f"drift {row['work']}, {row['variant']}: its last segment took {samples[0] / samples[-1]:.2f}x "
+                f"its first; the median understates what a longer run costs"
+            )
+
+
 def work_sizes(quick: bool) -> list[tuple[str, int]]:
     if quick:
         return [("lqr-1d", 1), ("lqr-3d", 4)]
@@ -388,6 +403,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_table(rows)
     print()
     targets = [] if args.quick else print_user_targets(rows) + print_targets(rows)
+    print_drift(rows)
     print()
     peaks = roofline.machine_peaks(quick=args.quick)
     out = {

@@ -42,6 +42,20 @@ def test_bench_step_quick(tmp_path):
     assert {entry["work"] for entry in payload["roofline"]} == kernel_works
 
 
+def test_bench_step_flags_segments_that_slow_down(capsys):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_step import print_drift
+
+    print_drift(
+        [
+            {"work": "lqr-1d N=100", "variant": "slowing", "samples_steps_per_s": [100.0, 80.0, 50.0]},
+            {"work": "lqr-1d N=100", "variant": "steady", "samples_steps_per_s": [100.0, 90.0, 98.0]},
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "slowing: its last segment took 2.00x its first" in out and "steady" not in out
+
+
 def test_time_to_result_quick(tmp_path):
     rows = run_module("time_to_result", tmp_path, "--quick")["rows"]
     found = {(row["variant"], row["cache"]) for row in rows}
