@@ -403,6 +403,35 @@ def test_simplify_turns_traced_views_into_reshapes_that_take_other_strides():
     assert torch.equal(got, transposed.reshape(6) * 2)
 
 
+def test_unfold_writes_out_small_and_thin_products_and_leaves_wide_ones_to_the_library():
+    """``graphs.unfold_small_matmuls``: a one-particle product and the thin ones of many particles (an outer
+    product, K = 1; a row times a matrix, M = 1) become a broadcast multiply and a sum; a wide product of
+    many particles (every dimension > 1, too big to be small) stays a library call. Values equal to rounding."""
+    generator = torch.Generator().manual_seed(0)
+    a = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)
+    args = (a(16, 1), a(1, 4096), a(1, 16), a(16, 4096), a(64, 64), a(64, 4096), a(3, 4), a(4, 5), a(2, 3, 4))
+
+    def fn(w0, x, w1, h, w, hs, s0, s1, b):
+        return (
+            w0 @ x,  # outer product over 4,096 particles: thin
+            w1 @ h,  # a row times a matrix: thin
+            w @ hs,  # every dimension 64 or more, 16.8M multiplies: the library's
+            s0 @ s1,  # small
+            torch.bmm(b, b.transpose(1, 2)),  # small, batched
+            torch.addmm(h[:, :5], w0, x[:, :5]),  # small, with a term added
+        )
+
+    traced = ft.compile.graphs.trace(fn, args)
+    expected = traced.graph(*args)
+    assert ft.compile.graphs.unfold_small_matmuls(traced.graph) == 5
+    targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
+    assert targets.count("aten.mm.default") == 1 and "aten.bmm.default" not in targets
+    assert "aten.addmm.default" not in targets
+    for got, want in zip(traced.graph(*args), expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was():
     leaves_ = (
         torch.randn(3, 2, dtype=torch.float64),

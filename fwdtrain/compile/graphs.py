@@ -172,10 +172,14 @@ class Loop(torch.nn.Module):
 
 
 SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
+THIN_MATMUL = 1  # a product with M, K or N at most this (an outer product, a row times a matrix): written out too
 
 
 def _small(node: torch.fx.Node) -> bool:
-    """A matrix product small enough that a library call costs more than the arithmetic (1-particle steps)."""
+    """A matrix product that a library call serves worse than inductor's fused loops: small (a one-particle
+    step: the call costs more than the arithmetic) or thin (an outer product or a row times a matrix, e.g. a
+    layer of width one over N particles: memory-bound, so its (N, width) result written out and read back is
+    the cost; fused, it never leaves the registers)."""
     shapes = [arg.meta["val"].shape for arg in node.args[-2:] if isinstance(arg, torch.fx.Node) and "val" in arg.meta]
     if len(shapes) != 2:
         return False
@@ -183,7 +187,7 @@ def _small(node: torch.fx.Node) -> bool:
     size = m * k * n
     for b in batch:
         size *= b
-    return k == k2 and size <= SMALL_MATMUL
+    return k == k2 and (size <= SMALL_MATMUL or min(m, k, n) <= THIN_MATMUL)
 
 
 def unfold_small_matmuls(graph: torch.fx.GraphModule) -> int:
