@@ -119,14 +119,6 @@ class Packing(NamedTuple):
         return tuple(buffers[b][offset : offset + n].reshape(shape) for b, offset, n, shape in self.places)
 
 
-@functools.cache
-def loop_code() -> str:
-    """A digest of the code that wraps a traced step into its loop (``Loop``, ``Packing``): part of every loop
-    kernel's key, so that a package built by another version of the wrapper is never loaded."""
-    source = inspect.getsource(Loop) + inspect.getsource(Packing)
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
 class Loop(torch.nn.Module):
     """``forward(count, start, *input_leaves, *carry_leaves) -> carry_leaves``: ``run_steps`` of a traced step.
 
@@ -169,6 +161,87 @@ class Loop(torch.nn.Module):
             out = while_loop(lambda i, *_: i + k <= count, body(k), out)
         out = while_loop(lambda i, *_: i < count, body(1), tuple(out))
         return tuple(leaf.clone() for leaf in packing.unpack(tuple(out[1:])))
+
+
+def run_observed(
+    step: StepFn, observe: Callable[[PyTree], PyTree], stops: list[int], start: int, inputs: PyTree, carry: PyTree
+) -> tuple[PyTree, list[PyTree]]:
+    """The observed loop's meaning (and its eager twin): ``run_steps`` up to each of ``stops`` (increasing step
+    counts from ``start``) in turn, ``observe(carry)`` taken there: (the carry at the last stop, the observations)."""
+    seen, done = [], 0
+    for stop in stops:
+        carry = run_steps(step, stop - done, start + done, inputs, carry)
+        seen.append(observe(carry))
+        done = stop
+    return carry, seen
+
+
+def loop_code() -> str:
+    """A digest of the code that wraps a traced step into its loop (``Loop``, ``ObservedLoop``, ``Packing``): part
+    of every loop kernel's key, so that a package built by another version of the wrapper is never loaded."""
+    return _loop_code()
+
+
+@functools.cache
+def _loop_code() -> str:
+    source = inspect.getsource(Loop) + inspect.getsource(ObservedLoop) + inspect.getsource(Packing)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+class ObservedLoop(Loop):
+    """``forward(stops, n_stops, start, *input_leaves, *carry_leaves) -> (*carry_leaves, *observation_buffers)``:
+    ``run_observed`` of a traced step and a traced observation, in one compiled call.
+
+    ``stops`` (E,) int64 holds increasing step counts, the first ``n_stops`` of them used; after the steps up to
+    stop j, ``observe_graph`` (carry leaves -> observation leaves) is taken and written into row j of one
+    (E, size) buffer per dtype (``Packing`` of the observation leaves): a loop of stops around the loop of steps,
+    so a run's records and checks between two returns to Python cost no call of their own.
+    """
+
+    def __init__(
+        self, step_graph: torch.fx.GraphModule, observe_graph: torch.fx.GraphModule, inputs: int, unroll: int = 1
+    ) -> None:
+        super().__init__(step_graph, inputs, unroll)
+        self.observe = observe_graph
+
+    def forward(self, stops: torch.Tensor, n_stops: torch.Tensor, start: torch.Tensor, *leaves: torch.Tensor) -> tuple:  # type: ignore[override]
+        from torch._higher_order_ops.while_loop import while_loop
+
+        blocks, carry = leaves[: self.inputs], leaves[self.inputs :]
+        k, packing = self.unroll, Packing.of(carry)
+        seen = Packing.of(tuple(self.observe(*carry)))
+        rows = stops.shape[0]
+
+        def body(steps: int) -> Callable[..., tuple]:
+            def advance(i: torch.Tensor, stop: torch.Tensor, *buffers: torch.Tensor) -> tuple:
+                state = self._steps(blocks, steps, start, i, packing.unpack(buffers))
+                return (i + steps, stop.clone(), *packing.pack(state))
+
+            return advance
+
+        def stage(j: torch.Tensor, i: torch.Tensor, *buffers: torch.Tensor) -> tuple:
+            state, observed = buffers[: len(packing.dtypes)], buffers[len(packing.dtypes) :]
+            stop = stops.index_select(0, j.reshape(1)).squeeze(0)
+            out = (i.clone(), stop, *[b.clone() for b in state])
+            if k > 1:
+                out = while_loop(lambda i, stop, *_: i + k <= stop, body(k), out)
+            out = while_loop(lambda i, stop, *_: i < stop, body(1), tuple(out))
+            state = tuple(out[2:])
+            row = seen.pack(tuple(self.observe(*packing.unpack(state))))
+            observed = tuple(
+                table.index_copy(0, j.reshape(1), value.reshape(1, -1))
+                for table, value in zip(observed, row, strict=True)
+            )
+            return (j + 1, out[0].clone(), *state, *observed)
+
+        zero = torch.zeros((), dtype=torch.int64, device=stops.device)
+        tables = tuple(
+            torch.zeros((rows, sum(n for b, _, n, _ in seen.places if b == index)), dtype=dtype, device=stops.device)
+            for index, dtype in enumerate(seen.dtypes)
+        )
+        out = while_loop(lambda j, *_: j < n_stops, stage, (zero, zero.clone(), *packing.pack(carry), *tables))
+        state, observed = out[2 : 2 + len(packing.dtypes)], out[2 + len(packing.dtypes) :]
+        return (*[leaf.clone() for leaf in packing.unpack(tuple(state))], *[table.clone() for table in observed])
 
 
 SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
@@ -312,4 +385,16 @@ def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
     return before, calls()
 
 
-__all__ = ["Loop", "Packing", "StepFn", "Traced", "loop_code", "run_steps", "simplify", "trace", "unfold_small_matmuls"]
+__all__ = [
+    "Loop",
+    "ObservedLoop",
+    "Packing",
+    "StepFn",
+    "Traced",
+    "loop_code",
+    "run_observed",
+    "run_steps",
+    "simplify",
+    "trace",
+    "unfold_small_matmuls",
+]

@@ -412,6 +412,111 @@ class LoopKernel(Kernel):
         return graphs.run_steps(self.compiled or self.step, count, start, inputs, carry)
 
 
+class ObservedKernel(LoopKernel):
+    """``chunk(stops, start, inputs, carry) -> (carry, observations)``: ``graphs.run_observed`` of ``step`` and
+    ``observe`` in one compiled call, for at most ``rows`` stops; observations come back stacked (leaves
+    (rows, *shape), the rows past ``len(stops)`` zeros).
+
+    The loop's fast path: where it cannot be built (the observation does not trace, the compiler fails) it says
+    so once through ``failed`` and the loop takes its ordinary path; it never falls back to another route.
+    """
+
+    def __init__(
+        self, step: graphs.StepFn, observe: Callable[[Any], Any], rows: int, carry: Any, inputs: Any, options: Compile
+    ) -> None:
+        self.observe, self.rows, self.failed = observe, rows, False
+        self.observed_spec: Any = None
+        self.observed_packing: graphs.Packing | None = None
+        super().__init__(step, carry, inputs, options._replace(route="aot"), "the observed loop")
+
+    def _fall_back(self, error: BaseException) -> None:
+        self.failed, self.package = True, None
+
+    def _trace(self, carry: Any, inputs: Any) -> tuple[_Package, Any]:
+        example_step = optree.tree_map(lambda block: block[0], inputs)
+        step = _simplified(graphs.trace(self.step, (carry, example_step)), unfold=True)
+        observe = _simplified(graphs.trace(self.observe, (carry,)), unfold=True)
+        observed_example = optree.tree_leaves(self.observe(carry))
+        self.observed_packing = graphs.Packing.of(tuple(observed_example))
+        self.observed_spec = observe.out_spec
+        input_leaves, _ = optree.tree_flatten(inputs)
+        carry_leaves, carry_spec = optree.tree_flatten(carry)
+        stops = torch.arange(1, self.rows + 1, dtype=torch.int64)
+        n_stops, start = torch.tensor(self.rows, dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+        example = [stops, n_stops, start, *input_leaves, *carry_leaves]
+        options = inductor_options(carry)
+        unroll = self.options.unroll
+        key = cache.kernel_key(
+            step.graph.code + observe.graph.code,
+            step.constants() + observe.constants(),
+            example,
+            options,
+            f"observed-loop-unroll-{unroll}-{graphs.loop_code()}",
+        )
+        module = graphs.ObservedLoop(step.graph, observe.graph, len(input_leaves), unroll)
+        return _Package(module, example, key, options, step.nodes + observe.nodes), carry_spec
+
+    def stacked(self, seen: list[Any]) -> Any:
+        """The eager twin's observations stacked as the kernel gives them (``rows`` rows, zeros past the last)."""
+        stacked = optree.tree_map(lambda *rows: torch.stack(rows), *seen)
+        return optree.tree_map(
+            lambda leaf: torch.cat([leaf, leaf.new_zeros((self.rows - leaf.shape[0], *leaf.shape[1:]))]), stacked
+        )
+
+    def observe_call(self, stops: list[int], start: int, inputs: Any, carry: Any) -> tuple[Any, Any] | None:
+        """(the carry at the last stop, the stacked observations); None where the fast path failed (the caller
+        takes its ordinary path). ``stops``: at most ``rows`` increasing step counts, the first > 0."""
+        if self.failed or len(stops) > self.rows or not (_concrete(inputs) and _concrete(carry)):
+            return None
+        flat_stops = torch.zeros(self.rows, dtype=torch.int64)
+        flat_stops[: len(stops)] = torch.tensor(stops, dtype=torch.int64)
+
+        def flat(n: int) -> list[torch.Tensor]:
+            return [flat_stops, _count(n), _start(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+
+        def probe() -> tuple[list[torch.Tensor], list[Any]]:
+            end, seen = graphs.run_observed(self.step, self.observe, stops[:1], start, inputs, carry)
+            assert self.observed_packing is not None
+            leaves = optree.tree_leaves(self.stacked(seen))
+            tables = [
+                torch.cat(
+                    [leaf.reshape(self.rows, -1) for leaf, place in zip(leaves, places, strict=True) if place[0] == b],
+                    1,
+                )
+                for b, places in enumerate([self.observed_packing.places] * len(self.observed_packing.dtypes))
+            ]
+            return flat(1), [*optree.tree_leaves(end), *tables]
+
+        if self.package is None:
+            return None
+        try:
+            run = self.package.ready()
+        except Exception:
+            self.failed, self.package = True, None
+            return None
+        if not self.checked:
+            self.checked = True
+            if self.package.loaded_from_disk:
+                inputs_, expected = probe()
+                if not _close(run(self.package.fits(inputs_)), expected):
+                    _warn(
+                        f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
+                        f"rebuilding it"
+                    )
+                    self.package.set_aside()
+                    run = self.package.ready()
+        out = run(self.package.fits(flat(len(stops))))
+        assert self.observed_packing is not None
+        n_carry = len(optree.tree_leaves(carry))
+        carry_out = optree.tree_unflatten(self.out_spec, out[:n_carry])
+        tables = tuple(out[n_carry:])
+        leaves = [
+            tables[b][:, offset : offset + n].reshape((self.rows, *shape))
+            for b, offset, n, shape in self.observed_packing.places
+        ]
+        return carry_out, optree.tree_unflatten(self.observed_spec, leaves)
+
+
 class FunctionKernel(Kernel):
     """``fn(*args)`` compiled: the AOTInductor package of its traced graph, or ``torch.compile``."""
 
@@ -482,6 +587,23 @@ def loop_kernel(
     return _cached(signature, lambda: LoopKernel(step, carry, inputs, options, what))
 
 
+def observed_kernel(
+    step: graphs.StepFn,
+    observe: Callable[[Any], Any],
+    rows: int,
+    carry: Any,
+    inputs: Any,
+    *,
+    key: Hashable,
+    options: Compile,
+) -> ObservedKernel:
+    """The compiled observed loop (``ObservedKernel``) of ``step`` and ``observe``, built once per process (``key``
+    names both: the problem, dt, plan, solver, optimizer, and what is observed)."""
+    _compat.use_cache_folders(cache.cache_dir())
+    signature = ("observed", key, rows, options, _signature(carry), _signature(inputs))
+    return _cached(signature, lambda: ObservedKernel(step, observe, rows, carry, inputs, options))
+
+
 def function_kernel(
     fn: Callable[..., Any], args: tuple, *, key: Hashable, options: Compile, what: str = "the step"
 ) -> FunctionKernel:
@@ -496,10 +618,12 @@ __all__ = [
     "FunctionKernel",
     "Kernel",
     "LoopKernel",
+    "ObservedKernel",
     "clear",
     "counts",
     "function_kernel",
     "inductor_options",
     "loop_kernel",
+    "observed_kernel",
     "root_cause",
 ]

@@ -110,6 +110,68 @@ class Record(NamedTuple):
     theta_average: Any = None
 
 
+class Records(NamedTuple):
+    """Records taken together (a compiled loop's stops): the fields of ``Record`` with a leading record axis,
+    ``step`` an (R,) int64 tensor."""
+
+    step: torch.Tensor
+    t: torch.Tensor
+    cost: torch.Tensor
+    grad_norm: torch.Tensor
+    average_cost: torch.Tensor
+    theta: Any
+    theta_average: Any = None
+
+    @property
+    def last(self) -> int:
+        return int(self.step[-1])
+
+
+def last_step(records: Sequence[Record | Records]) -> int | None:
+    """The step of the last record (None for none)."""
+    if not records:
+        return None
+    last = records[-1]
+    return last.last if isinstance(last, Records) else last.step
+
+
+def _stacked(records: Sequence[Record]) -> Records:
+    step = torch.tensor([r.step for r in records], dtype=torch.long)
+    t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))  # type: ignore[misc]
+    averaged = all(r.theta_average is not None for r in records)
+    theta_average = _stack([r.theta_average for r in records]) if averaged else None
+    return Records(step, t, cost, grad, average, _stack([r.theta for r in records]), theta_average)
+
+
+def _grouped(records: Sequence[Record | Records]) -> Records:
+    """Single records and blocks of records as one block: runs of single records stacked, then blocks joined."""
+    blocks: list[Records] = []
+    run: list[Record] = []
+    for record in records:
+        if isinstance(record, Records):
+            if run:
+                blocks.append(_stacked(run))
+                run = []
+            blocks.append(record)
+        else:
+            run.append(record)
+    if run:
+        blocks.append(_stacked(run))
+    if len(blocks) == 1:
+        return blocks[0]
+    averaged = all(b.theta_average is not None for b in blocks)
+    step, t, cost, grad, average = (torch.cat([b[i] for b in blocks]) for i in range(5))
+    return Records(
+        step,
+        t,
+        cost,
+        grad,
+        average,
+        tree_map(lambda *xs: torch.cat(xs), *[b.theta for b in blocks]),
+        tree_map(lambda *xs: torch.cat(xs), *[b.theta_average for b in blocks]) if averaged else None,
+    )
+
+
 def _stack(trees: Sequence[Any]) -> Any:
     return tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *trees)
 
@@ -120,7 +182,7 @@ def empty_records(example: Any) -> Any:
 
 
 def build(
-    records: Sequence[Record],
+    records: Sequence[Record | Records],
     empty_theta: Any,
     *,
     carry: dict | None = None,
@@ -137,11 +199,9 @@ def build(
     ``empty_average``: the empty ``theta_average`` for no records (None: the records hold no average)."""
     theta_average = empty_average
     if records:
-        step = torch.tensor([r.step for r in records], dtype=torch.long)
-        t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))  # type: ignore[misc]
-        theta = _stack([r.theta for r in records])
-        if all(r.theta_average is not None for r in records):
-            theta_average = _stack([r.theta_average for r in records])
+        step, t, cost, grad, average, theta, stacked_average = _grouped(records)
+        if stacked_average is not None:
+            theta_average = stacked_average
     else:
         step = torch.zeros(0, dtype=torch.long)
         t = cost = grad = torch.zeros(0, dtype=dtype, device=device)
@@ -187,4 +247,4 @@ def records(history: History, start: int | None = None, stop: int | None = None)
     )
 
 
-__all__ = ["FIELDS", "History", "Record", "build", "concatenate", "empty_records", "records"]
+__all__ = ["FIELDS", "History", "Record", "Records", "build", "concatenate", "empty_records", "last_step", "records"]

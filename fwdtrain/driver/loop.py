@@ -14,20 +14,24 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import optree
 import torch
 
 from .. import _compat
 from ..compile.options import Compile
 from ..core import _checks
+from ..core._tree import tree_map as optree_map
 from ..core.errors import DivergenceError
-from ..core.history import History, Record, build, empty_records
+from ..core.history import History, Record, Records, build, empty_records, last_step
 from ..core.noise import Noise
 from ..core.state import State
 from ..optim import Average
 from ..problems.trainable import Schedule, Trainable
 from .hooks import Hook
 from .options import Checks, SaveAt
-from .steppers import Carry, Eager, Stepping
+from .steppers import Carry, Compiled, Eager, Stepping
+
+MAX_STOPS = 64  # a compiled block with more events than this takes the ordinary path (one call per event)
 
 
 def _next(n: int, every: int | None) -> int:
@@ -97,7 +101,7 @@ class Loop:
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
         self.record_state: Callable[[State], Any] = save.record or problem.record
-        self.records: list[Record] = []
+        self.records: list[Record | Records] = []
         self.empty = empty_records(self.record_state(carry.state))
         averaged = isinstance(carry.state.average, Average)
         self.empty_average = empty_records(carry.state.average.mean) if averaged else None
@@ -119,6 +123,24 @@ class Loop:
                     torch.full(flags.shape, -1, dtype=torch.int64),
                 )
 
+        # the fast path of a compiled run without hooks or members: a block's records and checks observed inside
+        # its kernel (``_observed_block``); built at the first block, dropped for good if it cannot be
+        everies = [every for every in (save.every, checks.every) if every]
+        # the most stops a block can hold: each cadence's events in chunk steps, the first step, the end, its end
+        self.stops = sum(self.chunk // every + 1 for every in everies) + 3
+        self.observer: Any = None
+        self.observable = (
+            isinstance(stepper, Compiled)
+            and options.route == "aot"
+            and stepper.kernel.route == "aot"
+            and not hooks
+            and self.members is None
+            and save.record is None
+            and type(problem).within is Trainable.within  # what the observation computes in the kernel
+            and type(problem).gradient_norm is Trainable.gradient_norm
+            and self.stops <= MAX_STOPS
+        )
+
     def set_carry(self, carry: Carry) -> None:
         self.carry = carry
 
@@ -132,7 +154,7 @@ class Loop:
     def record_now(self, c: Carry | None = None) -> None:
         """Take a record of carry ``c`` (default the current one), unless there is one at that step."""
         c = self.carry if c is None else c
-        if c.info is None or (self.records and self.records[-1].step == c.n):
+        if c.info is None or last_step(self.records) == c.n:
             return
         g, total_g = self.window
         cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
@@ -333,6 +355,9 @@ class Loop:
         next_event = self.next_event(self.carry.n, stop)
         while self.carry.n < stop:
             block = self.source.draw(min(self.chunk, stop - self.carry.n))  # a compiled stepper pads it
+            if self.observable and self._observed_block(block, stop):
+                next_event = self.next_event(self.carry.n, stop)
+                continue
             i = 0
             while i < len(block):
                 count = min(next_event - self.carry.n, len(block) - i)
@@ -341,6 +366,118 @@ class Loop:
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
+
+    # ---- the fast path: a block's events observed inside its compiled loop ----
+    def _events_in(self, n: int, length: int, stop: int) -> list[int]:
+        """The events after step n up to step n + length (the loop's clock, ``next_event``)."""
+        events: list[int] = []
+        last = n + length
+        while (event := self.next_event(n, stop)) <= last and event > n:
+            events.append(event)
+            n = event
+        return events
+
+    def _observed_block(self, block: torch.Tensor, stop: int) -> bool:
+        """Step the whole of ``block`` in one kernel call, its events' checks and records observed at their steps
+        (and at its end) inside the kernel. False, with nothing changed, where the block needs the ordinary path:
+        too many events, a learning rate of the block not a finite number >= 0, an observation that fails its
+        check (the ordinary path then steps the block again, event by event, and raises as it always does), or a
+        kernel that cannot be built (then for good)."""
+        c, length = self.carry, block.shape[0]
+        events = self._events_in(c.n, length, stop)
+        stops = [event - c.n for event in events]
+        if not stops or stops[-1] != length:
+            stops.append(length)
+        stepper = self.stepper
+        assert isinstance(stepper, Compiled)
+        if len(stops) > self.stops:
+            return False
+        if self.observer is None:
+            key = ("observed", self.checks.bound)  # the record is the problem's own (``save.record`` is None)
+            self.observer = stepper.observer(
+                observation(self.problem, self.checks.bound, self.record_state), self.stops, key, c
+            )
+        out = stepper.observed_steps(self.observer, c, block, stops)
+        if out is None:
+            self.observable = not self.observer.failed
+            return False
+        end, seen, rates = out
+        if not bool(seen["ok"][: len(stops)].all() & torch.isfinite(rates).all() & (rates >= 0).all()):
+            return False
+        self._take_records(events, seen)
+        self.carry = end
+        self.good = (end, self.source.state_dict(end.n))
+        if events and events[-1] == end.n:
+            self.check_learning_rate()  # alpha(t_n) of the next block's first step, as an event checks it
+        return True
+
+    def _take_records(self, events: list[int], seen: dict[str, Any]) -> None:
+        """The records among ``events`` (rows of ``seen``), as ``record_now`` takes them, in one block."""
+        every = self.save.every
+        rows = [k for k, n in enumerate(events) if (every and n % every == 0) or n == self.end]
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.int64)
+        steps = [events[k] for k in rows]
+        totals = seen["total"].index_select(0, index)
+        g, total_g = self.window
+        starts = torch.tensor([g, *steps[:-1]], dtype=torch.int64)  # the window of each record: every record
+        previous = torch.cat([total_g.reshape(1), totals[:-1]])  # but a run's last is on the grid
+        step = torch.tensor(steps, dtype=torch.int64)
+        cost = ((totals - previous) / (step - starts)).to(self.dtype)
+        average = totals / step
+        pick = lambda tree: None if tree is None else optree_map(lambda leaf: leaf.index_select(0, index), tree)
+        self.records.append(
+            Records(
+                step,
+                seen["t"].index_select(0, index),
+                cost,
+                seen["grad_norm"].index_select(0, index),
+                average,
+                pick(seen["record"]),
+                pick(seen.get("theta_average")),
+            )
+        )
+        on_grid = [r for r, n in enumerate(steps) if every and n % every == 0]
+        if on_grid:  # the window of the next record starts at the last record on the grid
+            self.window = (steps[on_grid[-1]], totals[on_grid[-1]])
+
+
+def observation(
+    problem: Trainable, bound: float | None, record: Callable[[State], Any]
+) -> Callable[[tuple[State, torch.Tensor, Any]], dict[str, Any]]:
+    """What an event reads of the compiled loop's carry (state, cost total, StepInfo), as a pure function traced
+    into the observed loop: the check (``Trainable.within``: max |.| of x, x_tilde and theta finite, or within the
+    bound; as 0 or 1), the clock, the cost total, the gradient's norm (``Trainable.gradient_norm``), the record
+    and, when the state carries one, the average of theta. Written with plain reductions (no foreach ops: the
+    compiled package could not be loaded with them)."""
+
+    def observe(carry: tuple[State, torch.Tensor, Any]) -> dict[str, Any]:
+        state, total, info = carry
+        largest = torch.stack([leaf.abs().amax() for leaf in _sized((state.x, state.x_tilde, state.theta))]).amax()
+        ok = torch.isfinite(largest) if bound is None else largest <= bound  # NaN compares False
+        norms = [torch.linalg.vector_norm(leaf) for leaf in _sized(info.gradient)]
+        seen = {
+            "ok": ok.to(state.x.dtype),
+            "t": state.t,
+            "total": total,
+            "grad_norm": torch.linalg.vector_norm(torch.stack(norms)) if norms else total.new_zeros(()).to(total),
+            "record": record(state),
+        }
+        if isinstance(state.average, Average):
+            seen["theta_average"] = state.average.mean
+        return seen
+
+    return observe
+
+
+def _sized(tree: Any) -> list[torch.Tensor]:
+    """The leaves of ``tree`` that hold numbers, as floating tensors (an integer leaf's max |.| is exact in float64)."""
+    return [
+        leaf if leaf.is_floating_point() else leaf.to(torch.float64)
+        for leaf in optree.tree_leaves(tree)
+        if isinstance(leaf, torch.Tensor) and leaf.numel()
+    ]
 
 
 def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:

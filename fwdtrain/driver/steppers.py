@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..compile import policy
-from ..compile.kernels import FunctionKernel, LoopKernel, function_kernel, loop_kernel
+from ..compile.kernels import FunctionKernel, LoopKernel, ObservedKernel, function_kernel, loop_kernel, observed_kernel
 from ..compile.options import Compile
 from ..core._tree import tree_map
 from ..core.kernel import GradientReduce, StepInfo
@@ -117,8 +117,11 @@ class Compiled:
     gets them anew); the schedule is never asked for a step past the block's drawn rows.
     """
 
-    def __init__(self, stepping: Stepping, kernel: LoopKernel, length: int) -> None:
-        self.s, self.kernel, self.length = stepping, kernel, length
+    def __init__(
+        self, stepping: Stepping, kernel: LoopKernel, length: int, options: Compile, example: torch.Tensor
+    ) -> None:
+        self.s, self.kernel, self.length, self.options = stepping, kernel, length, options
+        self.example = example  # a noise block of the kernel's length (its shape and dtype)
         self._block: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -145,6 +148,33 @@ class Compiled:
         carry = Carry(state, carry.n + count, total, info)
         set_carry(carry)
         return carry
+
+    def observer(self, observe: Callable[[Any], Any], rows: int, key: Any, carry: Carry) -> ObservedKernel:
+        """The compiled loop of this stepper's step with ``observe(carry)`` taken at up to ``rows`` stops
+        (``kernels.ObservedKernel``; ``key`` names what ``observe`` depends on)."""
+        s = self.s
+        template = (carry.state, carry.total, carry.info if carry.info is not None else zero_info(carry.state))
+        padded = torch.zeros_like(self.example)
+        rates = torch.as_tensor(s.schedule(carry.state.t)).broadcast_to(carry.state.t.shape)
+        inputs = (padded, rates.expand((self.length, *carry.state.t.shape)).clone())
+        return observed_kernel(
+            self.kernel.step, observe, rows, template, inputs, key=(s.problem, s.plan, s.dt, key), options=self.options
+        )
+
+    def observed_steps(
+        self, kernel: ObservedKernel, carry: Carry, block: torch.Tensor, stops: list[int]
+    ) -> tuple[Carry, Any, torch.Tensor] | None:
+        """The steps of ``block`` up to each of ``stops`` (step counts from the block's first row, the last one the
+        block's length) in one call of ``kernel``: (the carry at the last stop, the stacked observations, the
+        block's learning rates); None where the kernel cannot run (the caller steps as usual). The carry is not
+        set: the caller does, once the observations pass its checks."""
+        padded, alphas = self.inputs(carry.state.t, block, 0)
+        info = carry.info if carry.info is not None else zero_info(carry.state)
+        out = kernel.observe_call(stops, 0, (padded, alphas), (carry.state, carry.total, info))
+        if out is None:
+            return None
+        (state, total, info), seen = out
+        return Carry(state, carry.n + stops[-1], total, info), seen, alphas[: block.shape[0]]
 
 
 def padded_block(block: torch.Tensor, length: int) -> torch.Tensor:
@@ -222,7 +252,7 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
 
     carry, inputs = _template(s, state, block)
     kernel = loop_kernel(step, carry, inputs, key=(*key, "loop"), options=options, what="the step")
-    return Compiled(s, kernel, block.shape[0])
+    return Compiled(s, kernel, block.shape[0], options, block)
 
 
 class Auto:
