@@ -73,7 +73,8 @@ def cubic_problem():
     sde = ft.SDE(
         drift=lambda th, x: th["a"] * x**3, diffusion=lambda th, x: torch.ones_like(x), cost=lambda th, x: (x * x).sum()
     )
-    return sde, ft.init(sde, {"a": torch.tensor(1.0, dtype=torch.float64)}, torch.full((1,), 2.0, dtype=torch.float64), 2)
+    x0 = torch.full((1,), 2.0, dtype=torch.float64)
+    return sde, ft.init(sde, {"a": torch.tensor(1.0, dtype=torch.float64)}, x0, 2)
 
 
 def diverged(**options) -> ft.DivergenceError:
@@ -99,10 +100,10 @@ def test_a_block_that_diverges_is_stepped_again_event_by_event_and_raises_the_sa
 
 def test_a_learning_rate_that_turns_infinite_mid_block_raises_where_an_event_checks_it(monkeypatch):
     sde, state = seed_problem()
+
     def lr(t):  # inf for 0.8 <= t < 1.5: from step 80's on (a run's ends are checked before it starts)
         t = torch.as_tensor(t)
         return 0.1 / ((t < 0.795) | (t > 1.5)).to(torch.float32)
-
 
     def error() -> ft.DivergenceError:
         with pytest.raises(ft.DivergenceError, match="a learning rate must be finite") as caught:
