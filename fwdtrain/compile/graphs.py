@@ -213,20 +213,21 @@ class ObservedLoop(Loop):
         rows = stops.shape[0]
 
         def body(steps: int) -> Callable[..., tuple]:
-            def advance(i: torch.Tensor, stop: torch.Tensor, *buffers: torch.Tensor) -> tuple:
+            def advance(i: torch.Tensor, *buffers: torch.Tensor) -> tuple:
                 state = self._steps(blocks, steps, start, i, packing.unpack(buffers))
-                return (i + steps, stop.clone(), *packing.pack(state))
+                return (i + steps, *packing.pack(state))
 
             return advance
 
         def stage(j: torch.Tensor, i: torch.Tensor, *buffers: torch.Tensor) -> tuple:
             state, observed = buffers[: len(packing.dtypes)], buffers[len(packing.dtypes) :]
+            # the stop is read by the inner loops' conditions, not carried: a carried one is copied every step
             stop = stops.index_select(0, j.reshape(1)).squeeze(0)
-            out = (i.clone(), stop, *[b.clone() for b in state])
+            out = (i.clone(), *[b.clone() for b in state])
             if k > 1:
-                out = while_loop(lambda i, stop, *_: i + k <= stop, body(k), out)
-            out = while_loop(lambda i, stop, *_: i < stop, body(1), tuple(out))
-            state = tuple(out[2:])
+                out = while_loop(lambda i, *_: i + k <= stop, body(k), out)
+            out = while_loop(lambda i, *_: i < stop, body(1), tuple(out))
+            state = tuple(out[1:])
             row = seen.pack(tuple(self.observe(*packing.unpack(state))))
             observed = tuple(
                 table.index_copy(0, j.reshape(1), value.reshape(1, -1))
