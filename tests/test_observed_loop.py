@@ -127,3 +127,32 @@ def test_hooks_members_and_a_record_function_of_ones_own_take_the_ordinary_path(
     ft.run(sde, state, 40, 0.01, 0.3, save=ft.SaveAt(20, record=lambda s: s.theta), compile=COMPILED)
     ft.run(sde, state, 40, 0.01, 0.3, hooks=(ft.driver.Callback(lambda n, s: None, 20),), compile=COMPILED)
     assert counted["observe_call"] == 0 and counted["__call__"] > 0
+
+
+def test_auto_takes_the_fast_path_from_the_step_it_chooses_to_compile_and_weighs_that_kernel(monkeypatch):
+    """compile="auto" that chooses to compile steps the rest of its first block, and every later block, through
+    the observed loop (the ordinary loop kernel is never called, so never compiled), asks the policy about that
+    kernel's package, and gives what the compiled run gives."""
+    from fwdtrain.compile import policy
+
+    counted = calls(monkeypatch)
+    asked = []
+
+    def decide(*args, warm, nodes, spent_s=0.0):
+        asked.append(nodes)
+        return policy.Decision(True, 1.0, 0.0)
+
+    monkeypatch.setattr(policy, "worth_tracing", lambda *args: True)
+    monkeypatch.setattr(policy, "decide", decide)
+    sde, state = seed_problem()
+    options = {"save": ft.SaveAt(20), "checks": ft.Checks(30, bound=1e6)}
+    auto = ft.driver.setup(sde, state, 250, 0.01, 0.3, 0, compile=ft.Compile("auto", chunk=128), **options)
+    result = ft.driver.execute(auto)
+    assert counted["__call__"] == 0 and counted["observe_call"] == 2  # the rest of block one, then block two
+    assert asked == [auto.observer.nodes] and auto.observer.nodes > auto.stepper.chosen.kernel.nodes
+    compiled = ft.run(sde, state, 250, 0.01, 0.3, 0, compile=COMPILED, **options)
+    got = result.history
+    assert got.step.tolist() == compiled.history.step.tolist()
+    for key in compiled.history.theta:  # the first steps were eager: equal to rounding, not bit for bit
+        torch.testing.assert_close(got.theta[key], compiled.history.theta[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(result.state.theta, compiled.state.theta, rtol=1e-5, atol=1e-6)

@@ -55,6 +55,47 @@ def test_the_cost_model_compiles_when_the_projected_eager_time_exceeds_compiling
     assert policy.speedup() == pytest.approx(10.0)
 
 
+def test_eager_time_already_spent_counts_towards_compiling(monkeypatch, tmp_path):
+    """The ski-rental rule: a run too short to pay for a compile alone compiles once earlier runs of the same
+    problem have spent that price eagerly in this process."""
+    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))
+    nodes, eager_step, steps = 370, 4e-4, 2048  # the seed step at N = 1, segments of 2,048 steps
+    compile_s = policy.ASSUMED_SECONDS_PER_NODE * nodes
+    assert not policy.decide(eager_step, steps, warm=False, nodes=nodes).compile
+    assert not policy.decide(eager_step, steps, warm=False, nodes=nodes, spent_s=0.5 * compile_s).compile
+    assert policy.decide(eager_step, steps, warm=False, nodes=nodes, spent_s=compile_s).compile
+    assert not policy.worth_tracing(eager_step, steps) and policy.worth_tracing(eager_step, steps, spent_s=1.0)
+
+
+def test_a_run_continued_in_short_segments_compiles_once_its_eager_time_pays_and_then_keeps_its_kernel(monkeypatch):
+    """Continued runs under "auto": each kept eager adds its eager seconds to what the problem has spent; the
+    policy sees that sum, and once one run compiles, later runs of the problem compile at once (no eager probe,
+    no new decision)."""
+    monkeypatch.setattr(policy, "_SPENT", {})
+    monkeypatch.setattr(policy, "_COMPILED", {})
+    seen: list[float] = []
+
+    def decide(eager_step, remaining, *, warm, nodes, spent_s=0.0):
+        seen.append(spent_s)
+        return policy.Decision(len(seen) == 3, eager_step * remaining, 1.0)  # the third run compiles
+
+    monkeypatch.setattr(policy, "worth_tracing", lambda *args: True)
+    monkeypatch.setattr(policy, "decide", decide)
+    sde, start = linear_problem()
+    auto = ft.Compile("auto", route="dynamo", backend="eager")
+    chosen = []
+    for _ in range(5):
+        loop = ft.driver.setup(sde, start, 30, DT, 0.5, 3, compile=auto)
+        start = ft.driver.execute(loop)
+        chosen.append(loop.stepper.chosen.route)
+    assert chosen == ["eager", "eager", "dynamo", "dynamo", "dynamo"]
+    assert len(seen) == 3 and seen[0] == 0.0 < seen[1] < seen[2]  # what the eager runs spent, summed
+    assert loop.stepper.timed == [] and loop.stepper.decision is None  # the last run: no probe, no decision
+    eager = ft.run(sde, linear_problem()[1], 150, DT, 0.5, 3, compile=False)
+    assert start.history.step[-1] == 150
+    torch.testing.assert_close(start.state.theta, eager.state.theta, rtol=1e-12, atol=1e-14)
+
+
 def test_auto_stays_eager_for_a_short_run_without_tracing():
     sde, state = linear_problem()
     before = kernels.counts()

@@ -7,11 +7,14 @@ One cost model, measured on the machine that runs:
     reuse    = remaining x t_eager x (1 - 1 / speedup) - T_load - T_trace   (what one later run of the same
                                                                          length saves by loading the kernel)
 
-and the run compiles iff compiled < eager + reuse (reuse counts only when the kernel is not on disk yet:
-a compiled kernel is kept, so its compile pays back over this run and one more like it; the default
-problem's second launch then loads it). ``T_compile`` is nearly nothing when the kernel's
-AOTInductor package is already on disk (a load takes milliseconds, after a trace that costs about
-``TRACE_SECONDS``); otherwise this machine's own record of compile seconds per graph node
+and the run compiles iff compiled < eager + reuse + spent (reuse counts only when the kernel is not on disk
+yet: a compiled kernel is kept, so its compile pays back over this run and one more like it; the default
+problem's second launch then loads it). ``spent`` is what earlier runs of the same problem and shapes
+took eagerly in this process because "auto" kept them eager: a run continued again and again in short
+segments compiles once the eager time it has spent reaches the price of compiling (the ski-rental rule:
+never more than about twice the better of the two choices made in hindsight). ``T_compile`` is nearly
+nothing when the kernel's AOTInductor package is already on disk (a load takes milliseconds, after a trace
+that costs about ``TRACE_SECONDS``); otherwise this machine's own record of compile seconds per graph node
 (``cache.record_compile``), or ``ASSUMED_SECONDS_PER_NODE`` until it has compiled once. ``speedup``
 is this machine's record of eager against compiled step times (``record_speedup``), or
 ``ASSUMED_SPEEDUP`` until it has one. The assumed constants only matter for a machine's first
@@ -21,6 +24,7 @@ compile; they are stated in the docs with the measurements they come from.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Hashable
 from typing import NamedTuple
 
 from . import cache
@@ -54,19 +58,52 @@ def speedup() -> float:
     return statistics.median(ratios) if ratios else ASSUMED_SPEEDUP
 
 
-def worth_tracing(eager_step_s: float, remaining: int) -> bool:
-    """Whether the eager steps left take longer than tracing would: below that, stay eager without looking."""
-    return eager_step_s * remaining > TRACE_SECONDS
+_SPENT: dict[Hashable, float] = {}  # key -> eager seconds of the runs "auto" kept eager in this process
+_SPENT_KEYS = 256  # the most keys remembered (the oldest forgotten first)
 
 
-def decide(eager_step_s: float, remaining: int, *, warm: bool, nodes: int) -> Decision:
+def spent(key: Hashable) -> float:
+    """The eager seconds that runs of ``key`` (a problem and its shapes) kept eager have taken in this process."""
+    return _SPENT.get(key, 0.0)
+
+
+def spend(key: Hashable, seconds: float) -> None:
+    """Add ``seconds`` of eager steps to what ``key`` has spent (a run that "auto" kept eager)."""
+    _SPENT[key] = _SPENT.pop(key, 0.0) + seconds
+    while len(_SPENT) > _SPENT_KEYS:
+        del _SPENT[next(iter(_SPENT))]
+
+
+_COMPILED: dict[Hashable, None] = {}  # the keys "auto" chose to compile in this process (insertion ordered)
+
+
+def chose_compiled(key: Hashable) -> None:
+    """Remember that a run of ``key`` compiled: a later run of it in this process compiles without probing."""
+    _COMPILED[key] = None
+    while len(_COMPILED) > _SPENT_KEYS:
+        del _COMPILED[next(iter(_COMPILED))]
+
+
+def compiled_before(key: Hashable) -> bool:
+    """Whether "auto" compiled a run of ``key`` in this process (its kernel is built: compiling again is free)."""
+    return key in _COMPILED
+
+
+def worth_tracing(eager_step_s: float, remaining: int, spent_s: float = 0.0) -> bool:
+    """Whether the eager steps left, with what earlier runs of the problem spent eagerly, take longer than tracing
+    would: below that, stay eager without looking."""
+    return eager_step_s * remaining + spent_s > TRACE_SECONDS
+
+
+def decide(eager_step_s: float, remaining: int, *, warm: bool, nodes: int, spent_s: float = 0.0) -> Decision:
     """Compile iff the compiled estimate (compile or load, then faster steps) beats the eager one, counting
-    for a kernel not yet on disk what one later run of the same length saves by loading it."""
+    for a kernel not yet on disk what one later run of the same length saves by loading it, and what earlier
+    runs of the same problem spent eagerly in this process (``spent_s``)."""
     eager = eager_step_s * remaining
     compile_s = LOAD_SECONDS if warm else seconds_per_node() * nodes
     compiled = compile_s + eager / speedup()
     reuse = 0.0 if warm else max(0.0, eager - eager / speedup() - LOAD_SECONDS - TRACE_SECONDS)
-    return Decision(compiled < eager + reuse, eager, compiled, reuse)
+    return Decision(compiled < eager + reuse + spent_s, eager, compiled, reuse)
 
 
 def record_speedup(eager_step_s: float, compiled_step_s: float) -> None:
@@ -85,9 +122,13 @@ __all__ = [
     "EAGER_PROBE_STEPS",
     "TRACE_SECONDS",
     "Decision",
+    "chose_compiled",
+    "compiled_before",
     "decide",
     "record_speedup",
     "seconds_per_node",
     "speedup",
+    "spend",
+    "spent",
     "worth_tracing",
 ]

@@ -29,7 +29,7 @@ from ..optim import Average
 from ..problems.trainable import Schedule, Trainable
 from .hooks import Hook
 from .options import Checks, SaveAt
-from .steppers import Carry, Compiled, Eager, Stepping
+from .steppers import Auto, Carry, Compiled, Eager, Stepping
 
 MAX_STOPS = 64  # a compiled block with more events than this takes the ordinary path (one call per event)
 
@@ -130,9 +130,8 @@ class Loop:
         self.stops = sum(self.chunk // every + 1 for every in everies) + 3
         self.observer: Any = None
         self.observable = (
-            isinstance(stepper, Compiled)
+            isinstance(stepper, (Compiled, Auto))
             and options.route == "aot"
-            and stepper.kernel.route == "aot"
             and not hooks
             and self.members is None
             and save.record is None
@@ -140,6 +139,8 @@ class Loop:
             and type(problem).gradient_norm is Trainable.gradient_norm
             and self.stops <= MAX_STOPS
         )
+        if self.observable and isinstance(stepper, Auto):
+            stepper.fast_kernel = self._observer  # what "auto" weighs: the kernel the run will call
 
     def set_carry(self, carry: Carry) -> None:
         self.carry = carry
@@ -355,14 +356,17 @@ class Loop:
         next_event = self.next_event(self.carry.n, stop)
         while self.carry.n < stop:
             block = self.source.draw(min(self.chunk, stop - self.carry.n))  # a compiled stepper pads it
-            if self.observable and self._observed_block(block, stop):
-                next_event = self.next_event(self.carry.n, stop)
-                continue
-            i = 0
+            first, i, tried = self.carry.n, 0, False
             while i < len(block):
+                # the fast path, once a block: from its start, or from where "auto" chose to compile
+                if self.observable and not tried and self._fast_stepper() is not None:
+                    tried = True
+                    if self._observed_block(block[i:] if i else block, stop):
+                        next_event = self.next_event(self.carry.n, stop)
+                        break
                 count = min(next_event - self.carry.n, len(block) - i)
                 self.stepper.steps(self.carry, block, i, count, self.set_carry)
-                i += count
+                i = self.carry.n - first  # "auto" returns early where it has chosen the fast path
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
@@ -377,6 +381,20 @@ class Loop:
             n = event
         return events
 
+    def _fast_stepper(self) -> Compiled | None:
+        """The compiled stepper of the fast path: the run's own, or the one ``compile="auto"`` chose; None while
+        it steps eagerly (or chose to), or where the loop kernel took another route than AOTInductor."""
+        stepper = self.stepper.chosen if isinstance(self.stepper, Auto) else self.stepper
+        return stepper if isinstance(stepper, Compiled) and stepper.kernel.route == "aot" else None
+
+    def _observer(self, stepper: Compiled, carry: Carry) -> Any:
+        """The observed loop kernel of ``stepper`` (``Compiled.observer``), built once: its trace names its package."""
+        if self.observer is None:
+            key = ("observed", self.checks.bound)  # the record is the problem's own (``save.record`` is None)
+            observe = observation(self.problem, self.checks.bound, self.record_state)
+            self.observer = stepper.observer(observe, self.stops, key, carry)
+        return self.observer
+
     def _observed_block(self, block: torch.Tensor, stop: int) -> bool:
         """Step the whole of ``block`` in one kernel call, its events' checks and records observed at their steps
         (and at its end) inside the kernel. False, with nothing changed, where the block needs the ordinary path:
@@ -388,16 +406,11 @@ class Loop:
         stops = [event - c.n for event in events]
         if not stops or stops[-1] != length:
             stops.append(length)
-        stepper = self.stepper
-        assert isinstance(stepper, Compiled)
+        stepper = self._fast_stepper()
+        assert stepper is not None
         if len(stops) > self.stops:
             return False
-        if self.observer is None:
-            key = ("observed", self.checks.bound)  # the record is the problem's own (``save.record`` is None)
-            self.observer = stepper.observer(
-                observation(self.problem, self.checks.bound, self.record_state), self.stops, key, c
-            )
-        out = stepper.observed_steps(self.observer, c, block, stops)
+        out = stepper.observed_steps(self._observer(stepper, c), c, block, stops)
         if out is None:
             self.observable = not self.observer.failed
             return False

@@ -18,7 +18,7 @@ Every stepper computes what the eager one does, to rounding.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch
 from ..compile import policy
 from ..compile.kernels import FunctionKernel, LoopKernel, ObservedKernel, function_kernel, loop_kernel, observed_kernel
 from ..compile.options import Compile
-from ..core._tree import tree_map
+from ..core._tree import leaves, tree_map
 from ..core.kernel import GradientReduce, StepInfo
 from ..core.state import State
 from ..problems.trainable import Schedule, Trainable
@@ -268,12 +268,20 @@ class Auto:
         self.chosen: Eager | Compiled | Split | None = None
         self.timed: list[float] = []
         self.decision: policy.Decision | None = None
+        # the kernel a compiled run would call instead of the stepper's own loop kernel (the loop's fast path,
+        # ``Loop._observer``): its package decides whether compiling is nearly free
+        self.fast_kernel: Callable[[Compiled, Carry], Any] | None = None
 
     @property
     def route(self) -> str:
         return "eager" if self.chosen is None else self.chosen.route
 
     def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+        if self.chosen is None and not self.timed and policy.compiled_before(self._key(carry.state)):
+            # a run of this problem compiled before in this process (a continued run): its kernel is built
+            self.chosen = compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
+            if self.fast_kernel is not None and isinstance(self.chosen, Compiled):
+                return carry  # the loop's fast path takes the block
         while count > 0 and self.chosen is None:
             clock = time.perf_counter()
             carry = self.eager.steps(carry, block, start, 1, set_carry)
@@ -281,24 +289,39 @@ class Auto:
             start, count = start + 1, count - 1
             if len(self.timed) > policy.EAGER_PROBE_STEPS:
                 self.chosen = self._choose(carry)
+                if self.fast_kernel is not None and isinstance(self.chosen, Compiled):
+                    return carry  # the loop's fast path takes the rest (``Loop._advance``)
         if count == 0:
             return carry
         assert self.chosen is not None
         return self.chosen.steps(carry, block, start, count, set_carry)
 
+    def _key(self, state: State) -> Hashable:
+        """What the eager time spent is remembered by: the problem, its plan and dt, the state's leaves' shapes."""
+        s = self.s
+        shapes = tuple((tuple(leaf.shape), leaf.dtype) for leaf in leaves(state) if isinstance(leaf, torch.Tensor))
+        return (s.problem, s.plan, s.dt, shapes)
+
     def _choose(self, carry: Carry) -> Eager | Compiled | Split:
         """This process's choice, then the run's (``agree``: every rank of a group takes rank 0's)."""
         eager_step = min(self.timed[1:])  # the first step pays one-time costs (imports, caches)
         remaining = self.end - carry.n
+        key = self._key(carry.state)
+        spent = policy.spent(key)
         chosen = None
-        if policy.worth_tracing(eager_step, remaining):
+        if policy.worth_tracing(eager_step, remaining, spent):
             chosen = compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
             kernel = chosen.kernel if isinstance(chosen, Compiled) else None
+            if isinstance(chosen, Compiled) and self.fast_kernel is not None:
+                fast = self.fast_kernel(chosen, carry)
+                kernel = kernel if fast.failed else fast
             warm = kernel.warm if kernel is not None else False
             nodes = kernel.nodes if kernel is not None else 0
-            self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1))
+            self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1), spent_s=spent)
         if not self.agree(self.decision is not None and self.decision.compile):
+            policy.spend(key, eager_step * remaining)
             return self.eager
+        policy.chose_compiled(key)
         return (
             chosen
             if chosen is not None
