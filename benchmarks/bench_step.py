@@ -9,8 +9,9 @@ programs, side by side in one process.
 
 Each variant takes segments of ``--segment`` steps (2,048 by default): fwdtrain calls
 ``ft.run(problem, run, segment, dt, lr)`` with the previous ``Run`` (default options: a record and a check
-every 100 steps), eager, compiled, or compiled with ``Compile(unroll=4)`` (four steps per iteration of the
-compiled loop); JAX runs a jitted ``lax.scan`` of the same length (``jax_impl``:
+every 100 steps), eager, compiled, with ``run``'s default ``compile="auto"`` (after the compiled variant, so
+with its kernel on disk, as on a user's second run), or compiled with ``Compile(unroll=4)`` (four steps per
+iteration of the compiled loop); JAX runs a jitted ``lax.scan`` of the same length (``jax_impl``:
 fwdtrain's generic work; ``jax_hand``: the 1-D problem specialised by hand, only u differentiated). Noise
 generation is part of the timed work everywhere. The seed loop (one particle, autograd, in place) runs beside
 every lqr-1d size: its particle-steps/s is what N of its loops would give. Medians over round-robin repeats;
@@ -202,6 +203,8 @@ def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[s
     variants = [
         fwdtrain_variant(problem, particles, args.segment, False, "fwdtrain eager"),
         fwdtrain_variant(problem, particles, args.segment, compiled, "fwdtrain compiled"),
+        # ``run``'s default, compile="auto", after the compiled variant: its kernel on disk, as on a user's second run
+        fwdtrain_variant(problem, particles, args.segment, "auto", "fwdtrain default"),
         *(
             [fwdtrain_variant(problem, particles, args.segment, compiled._replace(unroll=k), f"fwdtrain unroll={k}")]
             if (k := args.unroll) > 1 and not args.quick
