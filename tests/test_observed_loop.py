@@ -98,7 +98,7 @@ def test_a_block_that_diverges_is_stepped_again_event_by_event_and_raises_the_sa
         assert torch.equal(error.state.x, eager.state.x) and torch.equal(error.history.step, eager.history.step)
 
 
-def test_a_learning_rate_that_turns_infinite_mid_block_raises_where_an_event_checks_it(monkeypatch):
+def test_a_learning_rate_that_turns_infinite_mid_block_raises_at_the_step_that_reaches_it(monkeypatch):
     sde, state = seed_problem()
 
     def lr(t):  # inf for 0.8 <= t < 1.5: from step 80's on (a run's ends are checked before it starts)
@@ -112,11 +112,12 @@ def test_a_learning_rate_that_turns_infinite_mid_block_raises_where_an_event_che
 
     counted = calls(monkeypatch)
     fast = error()
-    assert counted["observe_call"] == 1  # the block's rates were not finite: stepped event by event
+    assert counted["observe_call"] == 0  # the block's rates were not finite: stepped event by event
     with monkeypatch.context() as patch:
         ordinary(patch)
         slow = error()
-    assert fast.step == slow.step == 80 and str(fast) == str(slow)
+    assert fast.step == slow.step == 80 and str(fast) == str(slow)  # alpha(t_80) is inf: state 79 kept
+    assert fast.last_finite_step == 79 and fast.history.steps == 79
     assert torch.equal(fast.state.x, slow.state.x)
     assert math.isfinite(float(fast.state.x.abs().max()))
 
@@ -129,27 +130,20 @@ def test_hooks_members_and_a_record_function_of_ones_own_take_the_ordinary_path(
     assert counted["observe_call"] == 0 and counted["__call__"] > 0
 
 
-def test_auto_takes_the_fast_path_from_the_step_it_chooses_to_compile_and_weighs_that_kernel(monkeypatch):
+def test_auto_takes_the_fast_path_from_the_step_after_its_counted_one(monkeypatch):
     """compile="auto" that chooses to compile steps the rest of its first block, and every later block, through
-    the observed loop (the ordinary loop kernel is never called, so never compiled), asks the policy about that
-    kernel's package, and gives what the compiled run gives."""
-    from fwdtrain.compile import policy
+    the observed loop (the ordinary loop kernel is never called, so never compiled), and gives what the
+    compiled run gives."""
+    from fwdtrain.compile import route
 
     counted = calls(monkeypatch)
-    asked = []
-
-    def decide(*args, warm, nodes, spent_s=0.0):
-        asked.append(nodes)
-        return policy.Decision(True, 1.0, 0.0)
-
-    monkeypatch.setattr(policy, "worth_tracing", lambda *args: True)
-    monkeypatch.setattr(policy, "decide", decide)
+    monkeypatch.setattr(route, "choose", lambda *args: route.Route(True, "asked to by the test"))
     sde, state = seed_problem()
     options = {"save": ft.SaveAt(20), "checks": ft.Checks(30, bound=1e6)}
     auto = ft.driver.setup(sde, state, 250, 0.01, 0.3, 0, compile=ft.Compile("auto", chunk=128), **options)
     result = ft.driver.execute(auto)
     assert counted["__call__"] == 0 and counted["observe_call"] == 2  # the rest of block one, then block two
-    assert asked == [auto.observer.nodes] and auto.observer.nodes > auto.stepper.chosen.kernel.nodes
+    assert result.history.route == "compiled" and auto.route.reason == "asked to by the test"
     compiled = ft.run(sde, state, 250, 0.01, 0.3, 0, compile=COMPILED, **options)
     got = result.history
     assert got.step.tolist() == compiled.history.step.tolist()

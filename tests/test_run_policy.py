@@ -14,7 +14,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli
-from fwdtrain.compile import kernels, policy
+from fwdtrain.compile import kernels, route
 
 DT = 0.01
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,91 +30,113 @@ def linear_problem(particles: int = 4, dtype: torch.dtype = torch.float64):
     return sde, ft.init(sde, {"k": torch.tensor(0.2, dtype=dtype)}, torch.ones(1, dtype=dtype), particles)
 
 
-def test_the_cost_model_compiles_when_the_projected_eager_time_exceeds_compiling(monkeypatch, tmp_path):
-    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))  # a machine that never compiled: the assumed costs
-    per_node, speedup = policy.ASSUMED_SECONDS_PER_NODE, policy.ASSUMED_SPEEDUP
-    nodes, eager_step = 370, 3e-3  # the seed step's graph; 3 ms per eager step at N = 256
-    compile_s = per_node * nodes
-    # a kernel not on disk pays back over this run and one later run of the same length, which loads it:
-    # compile_s + T / s < T + (T - T / s - load - trace), T the eager seconds left
-    extra = policy.LOAD_SECONDS + policy.TRACE_SECONDS
-    break_even = (compile_s + extra) / (2 * eager_step * (1 - 1 / speedup))
-    below = policy.decide(eager_step, int(break_even * 0.9), warm=False, nodes=nodes)
-    above = policy.decide(eager_step, int(break_even * 1.1), warm=False, nodes=nodes)
-    assert not below.compile and above.compile
-    assert below.compiled_s > below.eager_s and above.compiled_s > above.eager_s  # this run alone: eager is faster
-    assert above.reuse_s == pytest.approx(above.eager_s * (1 - 1 / speedup) - extra)
-    warm = policy.decide(eager_step, 1000, warm=True, nodes=nodes)  # a package on disk: a load, no reuse credit
-    assert warm.compile and warm.reuse_s == 0.0
-    assert not policy.decide(1e-4, 100, warm=True, nodes=nodes).compile  # 10 ms of eager steps: not worth a load
-    assert not policy.worth_tracing(1e-3, 100) and policy.worth_tracing(1e-3, 10_000)
-    # the machine's own record replaces the assumed constants
-    ft.compile.cache.record_compile(2 * compile_s, nodes)
-    assert policy.seconds_per_node() == pytest.approx(2 * per_node)
-    policy.record_speedup(3e-3, 3e-4)
-    assert policy.speedup() == pytest.approx(10.0)
+def cost(ops=121, numbers=1_000) -> route.StepCost:
+    return route.StepCost(ops, numbers, "0" * 32)
 
 
-def test_eager_time_already_spent_counts_towards_compiling(monkeypatch, tmp_path):
-    """The ski-rental rule: a run too short to pay for a compile alone compiles once earlier runs of the same
-    problem have spent that price eagerly in this process."""
-    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))
-    nodes, eager_step, steps = 370, 4e-4, 2048  # the seed step at N = 1, segments of 2,048 steps
-    compile_s = policy.ASSUMED_SECONDS_PER_NODE * nodes
-    assert not policy.decide(eager_step, steps, warm=False, nodes=nodes).compile
-    assert not policy.decide(eager_step, steps, warm=False, nodes=nodes, spent_s=0.5 * compile_s).compile
-    assert policy.decide(eager_step, steps, warm=False, nodes=nodes, spent_s=compile_s).compile
-    assert not policy.worth_tracing(eager_step, steps) and policy.worth_tracing(eager_step, steps, spent_s=1.0)
+def test_the_rule_compiles_when_the_weighed_steps_take_longer_eagerly_than_compiling():
+    """S (E - K) > C, with E, K and C the module's stated constants times the counted step."""
+    step = cost()
+    eager_step = route.OP_SECONDS * step.ops + route.NUMBER_SECONDS * step.numbers
+    gain = eager_step - route.COMPILED_NUMBER_SECONDS * step.numbers
+    price = route.TRACE_SECONDS + route.COMPILE_SECONDS + route.COMPILE_SECONDS_PER_OP * step.ops
+    even = price / gain
+    below, above = route.choose(step, int(even * 0.95), 0, False), route.choose(step, int(even * 1.05), 0, False)
+    assert not below.compiled and above.compiled
+    assert below.eager_s < below.compiled_s and above.eager_s > above.compiled_s
+    assert "121 ATen calls a step" in above.reason and "no kernel on disk" in above.reason
+    # a kernel on disk costs a trace and a load: the same steps compile
+    warm = route.choose(step, int(even * 0.95), 0, True)
+    assert warm.compiled and "kernel on disk" in warm.reason
+    # the steps a continued run took count CONTINUED_WEIGHT times each
+    taken = int(even / route.CONTINUED_WEIGHT)  # weighed: 0.5 + 1 times the break-even steps
+    assert route.choose(step, int(even * 0.5), taken, False).compiled
+    assert not route.choose(step, int(even * 0.5), 0, False).compiled
 
 
-def test_a_run_continued_in_short_segments_compiles_once_its_eager_time_pays_and_then_keeps_its_kernel(monkeypatch):
-    """Continued runs under "auto": each kept eager adds its eager seconds to what the problem has spent; the
-    policy sees that sum, and once one run compiles, later runs of the problem compile at once (no eager probe,
-    no new decision)."""
-    monkeypatch.setattr(policy, "_SPENT", {})
-    monkeypatch.setattr(policy, "_COMPILED", {})
-    seen: list[float] = []
+def test_counting_a_step_counts_its_aten_calls_and_the_numbers_they_write():
+    x = torch.ones(10, 3)
+    out, counted = route.count_step(lambda: (x * 2).sum(0), key="a")
+    assert torch.equal(out, torch.full((3,), 20.0))
+    assert counted.ops == 2 and counted.numbers == 30 + 3
+    _, other_key = route.count_step(lambda: (x * 2).sum(0), key="b")
+    _, other_shape = route.count_step(lambda: (torch.ones(11, 3) * 2).sum(0), key="a")
+    _, same = route.count_step(lambda: (x * 2).sum(0), key="a")
+    assert same.signature == counted.signature
+    assert len({counted.signature, other_key.signature, other_shape.signature}) == 3
 
-    def decide(eager_step, remaining, *, warm, nodes, spent_s=0.0):
-        seen.append(spent_s)
-        return policy.Decision(len(seen) == 3, eager_step * remaining, 1.0)  # the third run compiles
 
-    monkeypatch.setattr(policy, "worth_tracing", lambda *args: True)
-    monkeypatch.setattr(policy, "decide", decide)
+def test_the_same_call_takes_the_same_route_whatever_ran_before(monkeypatch):
+    """No memory in the process: a short run stays eager after a long one of the same problem compiled, and a
+    continued run's route depends only on its history's steps."""
+    monkeypatch.setattr(route, "COMPILE_SECONDS", 0.0)
+    monkeypatch.setattr(route, "COMPILE_SECONDS_PER_OP", 0.0)
+    monkeypatch.setattr(route, "TRACE_SECONDS", 0.05)
+    sde, state = linear_problem()
+    quick = ft.Compile("auto", route="dynamo", backend="eager")
+    short = ft.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick)
+    long = ft.choose_route(sde, state, 100_000, DT, 0.5, 3, compile=quick)
+    assert not short.compiled and long.compiled
+    first = ft.run(sde, state, 400, DT, 0.5, 3, compile=quick)
+    assert first.history.route == "compiled"
+    assert ft.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick).compiled is False
+    assert ft.run(sde, state, 5, DT, 0.5, 3, compile=quick).history.route == "eager"
+
+
+def test_a_run_continued_in_short_segments_compiles_once_its_steps_weigh_enough(monkeypatch):
+    """Segments of 30 steps: the rule weighs each call's steps plus CONTINUED_WEIGHT times the steps before it,
+    so the route turns compiled once the run is long enough, and stays so; the result equals the eager run."""
     sde, start = linear_problem()
-    auto = ft.Compile("auto", route="dynamo", backend="eager")
-    chosen = []
-    for _ in range(5):
-        loop = ft.driver.setup(sde, start, 30, DT, 0.5, 3, compile=auto)
-        start = ft.driver.execute(loop)
-        chosen.append(loop.stepper.chosen.route)
-    assert chosen == ["eager", "eager", "dynamo", "dynamo", "dynamo"]
-    assert len(seen) == 3 and seen[0] == 0.0 < seen[1] < seen[2]  # what the eager runs spent, summed
-    assert loop.stepper.timed == [] and loop.stepper.decision is None  # the last run: no probe, no decision
-    eager = ft.run(sde, linear_problem()[1], 150, DT, 0.5, 3, compile=False)
-    assert start.history.step[-1] == 150
+    quick = ft.Compile("auto", route="dynamo", backend="eager")
+    _, counted = route.count_step(lambda: None)
+    step = route.StepCost(100, 100, counted.signature)
+    gain = route.OP_SECONDS * step.ops + (route.NUMBER_SECONDS - route.COMPILED_NUMBER_SECONDS) * step.numbers
+    monkeypatch.setattr(route, "COMPILE_SECONDS", gain * 100 * route.CONTINUED_WEIGHT)  # 300 steps' gain
+    for constant in ("COMPILE_SECONDS_PER_OP", "TRACE_SECONDS", "LOAD_SECONDS"):
+        monkeypatch.setattr(route, constant, 0.0)
+    real = route.count_step
+    monkeypatch.setattr(route, "count_step", lambda fn, key="": (real(fn, key)[0], step))
+    routes = []
+    for _ in range(6):
+        start = ft.run(sde, start, 30, DT, 0.5, 3, compile=quick)
+        routes.append(start.history.route)
+    assert routes == ["eager"] * 4 + ["compiled"] * 2  # compiled once 30 + 3 x 120 > 300 weighed steps
+    eager = ft.run(sde, linear_problem()[1], 180, DT, 0.5, 3, compile=False)
+    assert start.history.step[-1] == 180
     torch.testing.assert_close(start.state.theta, eager.state.theta, rtol=1e-12, atol=1e-14)
 
 
 def test_auto_stays_eager_for_a_short_run_without_tracing():
     sde, state = linear_problem()
     before = kernels.counts()
-    ft.run(sde, state, 50, DT, 0.5, noise=3)
-    assert kernels.counts() == before
+    result = ft.run(sde, state, 50, DT, 0.5, noise=3)
+    assert kernels.counts() == before and result.history.route == "eager"
 
 
-def test_auto_compiles_when_the_policy_says_so(monkeypatch):
-    """With a policy that always pays, "auto" takes the first few steps eagerly and the rest compiled (the quick
-    torch.compile "eager" backend here); the result equals the eager run to rounding."""
+def test_auto_compiles_when_the_rule_says_so_and_leaves_its_marker(monkeypatch):
+    """With a rule that always pays, "auto" takes its counted first step eagerly and the rest compiled (the quick
+    torch.compile "eager" backend here); the result equals the eager run to rounding; the run leaves the
+    marker that tells the next run its kernel is on disk."""
     sde, state = linear_problem()
-    monkeypatch.setattr(policy, "worth_tracing", lambda *args: True)
-    monkeypatch.setattr(policy, "decide", lambda *args, **kwargs: policy.Decision(True, 1.0, 0.0))
-    loop = ft.driver.setup(sde, state, 40, DT, 0.5, 3, compile=ft.Compile("auto", route="dynamo", backend="eager"))
-    ft.driver.execute(loop)
+    monkeypatch.setattr(route, "choose", lambda cost, steps, taken, warm: route.Route(warm or True, f"warm={warm}"))
+    options = ft.Compile("auto", route="dynamo", backend="eager")
+    loop = ft.driver.setup(sde, state, 40, DT, 0.5, 3, compile=options)
+    result = ft.driver.execute(loop)
     assert loop.stepper.chosen is not None and loop.stepper.route == "dynamo"
+    assert result.history.route == "compiled" and loop.route.reason == "warm=False"
     eager, _ = ft.run(sde, state, 40, DT, 0.5, 3, compile=False)
     for a, b in zip(ft.core._tree.leaves(loop.carry.state), ft.core._tree.leaves(eager)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert route.on_disk(loop.stepper.cost)
+    assert ft.choose_route(sde, state, 40, DT, 0.5, 3, compile=options).reason == "warm=True"
+
+
+def test_progress_shows_the_route_in_one_line(capsys):
+    sde, state = linear_problem()
+    ft.run(sde, state, 30, DT, 0.5, 3, hooks=ft.Progress(every=10))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "fwdtrain: steps" in line]
+    assert len(lines) == 1 and "eager (" in lines[0] and "ATen calls a step" in lines[0]
+    assert str(ft.choose_route(sde, state, 30, DT, 0.5, 3, compile=False)) == "eager (compile=False)"
 
 
 _LAUNCH = (
@@ -149,16 +171,29 @@ def test_default_run_equals_the_explicitly_eager_run():
     assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(default), ft.core._tree.leaves(eager)))
 
 
+@pytest.mark.parametrize("compile", [False, ft.Compile(True, route="dynamo", backend="eager")])
+def test_a_cosine_schedule_stops_at_the_step_whose_rate_is_negative_with_the_state_before_it(compile):
+    """alpha(t) = 0.1 cos(t) is negative from t_158 = 1.58 on: the run fails at step 158 and keeps step 157."""
+    ex = ft.examples.lqr_1d(particles=4, hidden=4)
+    with pytest.raises(ft.DivergenceError, match=r"returned -0.00092.* at t = 1.58.*stopped at step 158") as info:
+        ft.run(ex.sde, ex.initial_state(), 700, 0.01, lambda t: 0.1 * torch.cos(t), compile=compile)
+    error = info.value
+    assert (error.step, error.last_finite_step, error.history.steps) == (158, 157, 157)
+    assert math.isclose(float(error.state.t), 1.57) and torch.isfinite(error.state.theta["layers.0.weight"]).all()
+    ok = ft.run(ex.sde, ex.initial_state(), 157, 0.01, lambda t: 0.1 * torch.cos(t), compile=False)
+    torch.testing.assert_close(error.state.theta, ok.state.theta, rtol=1e-5, atol=1e-6)
+
+
 def test_a_schedule_that_turns_negative_stops_the_run_with_the_state_kept():
     sde, state = linear_problem()
     with pytest.raises(ValueError, match=r"returned -2.5 at t = 3"):  # negative at the end: refused up front
         ft.run(sde, state, 300, DT, lambda t: 0.5 - t)
     schedule = lambda t: torch.where((t > 0.5) & (t < 2.0), -0.5, 0.5)
-    with pytest.raises(ft.DivergenceError, match=r"returned -0.5 at t = 1.*stopped at step 100") as info:
+    with pytest.raises(ft.DivergenceError, match=r"returned -0.5 at t = 0.51.*stopped at step 51") as info:
         ft.run(sde, state, 300, DT, schedule, compile=False, save=ft.SaveAt(100), checks=ft.Checks(100))
     error = info.value
-    assert error.last_finite_step == 100 and math.isclose(float(error.state.t), 1.0)
-    assert error.history.steps == 100 and torch.isfinite(error.state.x).all()
+    assert error.last_finite_step == 50 and math.isclose(float(error.state.t), 0.5)
+    assert error.history.steps == 50 and torch.isfinite(error.state.x).all()
 
 
 def test_a_schedule_bad_at_the_start_is_refused_before_any_step():

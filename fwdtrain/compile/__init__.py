@@ -4,7 +4,7 @@
 - ``kernels``: ``loop_kernel`` (a compiled loop of steps) and ``function_kernel``, cached per process; ``counts``;
 - ``graphs``: tracing a pure step into a flat ATen graph, and the loop built around it;
 - ``cache``: ``cache_dir()``, the kernels' keys and this machine's compile record;
-- ``policy``: what ``compile="auto"`` decides, from measurements on the machine that runs.
+- ``route``: what ``compile="auto"`` chooses, by a stated rule of the counted step, the steps and the cache.
 """
 
 from .cache import cache_dir

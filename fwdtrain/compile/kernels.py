@@ -33,7 +33,6 @@ import contextlib
 import functools
 import logging
 import os
-import time
 import types
 import warnings
 from collections.abc import Callable, Hashable, Iterator
@@ -239,9 +238,8 @@ class _Package:
 
     def _build(self) -> None:
         machine = cache.machine()
-        set_up = _compat.skip_known_probe(machine)
+        _compat.skip_known_probe(machine)
         temporary = cache.writable_temporary(self.path)
-        clock = time.perf_counter()
         try:
             with _quiet_torch_logs():
                 _compat.aot_compile(self.module, tuple(self.example), temporary, self.options)
@@ -249,8 +247,6 @@ class _Package:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
-        if set_up:  # a machine's first compile also builds its probe and headers: not a compile's usual cost
-            cache.record_compile(time.perf_counter() - clock, self.nodes)
         _compat.record_probe(machine)
         _COUNTS["compiles"] += 1
         self.run = self._load()

@@ -7,17 +7,18 @@ from typing import Any, Literal, NamedTuple, get_args
 from .. import _compat
 from ..core import _checks
 
-Route = Literal["aot", "dynamo"]
-ROUTES: tuple[str, ...] = get_args(Route)
+Compiler = Literal["aot", "dynamo"]
+COMPILERS: tuple[str, ...] = get_args(Compiler)
 
 
 class Compile(NamedTuple):
     """How the steps of a run are computed.
 
     Attributes:
-        enabled: ``"auto"`` (default): compile when the steps left are projected to take longer eagerly
-            than compiling them (timed on the first eager steps of this run on this machine; a kernel
-            already on disk counts as nearly free; ``fwdtrain.compile.policy``). ``True``: always.
+        enabled: ``"auto"`` (default): the rule of ``fwdtrain.compile.route``: the run's first step is taken
+            eagerly and counted (ATen calls, numbers written), and the run compiles when the steps, with those
+            a continued run took before, are projected to take longer eagerly than compiling them (a kernel
+            on disk costs a load); ``fwdtrain.choose_route`` tells before running. ``True``: always.
             ``False``: every step eager.
         route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
             into a package kept in ``fwdtrain.compile.cache_dir()``, loaded by later runs and processes
@@ -41,7 +42,7 @@ class Compile(NamedTuple):
     """
 
     enabled: bool | Literal["auto"] = "auto"
-    route: Route = "aot"
+    route: Compiler = "aot"
     backend: str = "inductor"
     chunk: int = 1024
     verify: bool = True
@@ -69,8 +70,8 @@ def as_compile(value: Any) -> Compile:
         raise TypeError(f'compile must be True, False, "auto" or a fwdtrain.Compile(...), got {value!r}')
     if not (options.enabled is True or options.enabled is False or options.enabled == "auto"):
         raise ValueError(f'Compile(enabled=...) must be True, False or "auto", got {options.enabled!r}')
-    if options.route not in ROUTES:
-        raise ValueError(f"Compile(route=...) must be one of {ROUTES}, got {options.route!r}")
+    if options.route not in COMPILERS:
+        raise ValueError(f"Compile(route=...) must be one of {COMPILERS}, got {options.route!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
     _checks.check_count(options.unroll, "Compile(unroll=...)")
     if not isinstance(options.flush_subnormals, bool):
@@ -87,4 +88,4 @@ def as_compile(value: Any) -> Compile:
     return options
 
 
-__all__ = ["ROUTES", "Compile", "Route", "as_compile"]
+__all__ = ["COMPILERS", "Compile", "Compiler", "as_compile"]

@@ -44,6 +44,9 @@ class History(NamedTuple):
             frozen at; its records after that step hold NaN costs), -1 for a member still running.
         theta_average: The state's Polyak-Ruppert mean of theta (``State.average.mean``) stacked over
             records (leaves (R, *s)); None when the state carries no average.
+        compiled: 0-d bool, whether the steps of the call that made this history ran compiled (the route of
+            ``compile="auto"``: ``fwdtrain.compile.route``); None where no step was taken. ``route`` says it in
+            words.
 
     In an ensemble (``fwdtrain.ensemble``) every per-record field but ``step`` has a member axis after the
     record axis: t, cost, grad_norm, average_cost (R, E), theta leaves (R, E, *s);
@@ -65,6 +68,12 @@ class History(NamedTuple):
     diverged: torch.Tensor | None = None
     frozen_at: torch.Tensor | None = None
     theta_average: Any = None
+    compiled: torch.Tensor | None = None
+
+    @property
+    def route(self) -> str | None:
+        """"compiled" or "eager": how the last call's steps ran (``compiled``); None where no step was taken."""
+        return None if self.compiled is None else ("compiled" if bool(self.compiled) else "eager")
 
     @property
     def steps(self) -> int:
@@ -193,6 +202,7 @@ def build(
     diverged: torch.Tensor | None = None,
     frozen_at: torch.Tensor | None = None,
     empty_average: Any = None,
+    compiled: bool | None = None,
 ) -> History:
     """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced).
 
@@ -208,7 +218,18 @@ def build(
         average = torch.zeros(0, dtype=torch.float64, device=device)
         theta = empty_theta
     new = History(
-        step, t, cost, grad, theta, average, carry, torch.tensor(interrupted), diverged, frozen_at, theta_average
+        step,
+        t,
+        cost,
+        grad,
+        theta,
+        average,
+        carry,
+        torch.tensor(interrupted),
+        diverged,
+        frozen_at,
+        theta_average,
+        None if compiled is None else torch.tensor(compiled),
     )
     if previous is not None and len(previous.step):
         joined = concatenate([previous, new])
@@ -226,7 +247,11 @@ def concatenate(pieces: Sequence[History]) -> History | None:
     kept = [piece for piece in pieces if len(piece.step)] or [last]
     if len(kept) == 1:
         return kept[0]._replace(
-            carry=last.carry, interrupted=last.interrupted, diverged=last.diverged, frozen_at=last.frozen_at
+            carry=last.carry,
+            interrupted=last.interrupted,
+            diverged=last.diverged,
+            frozen_at=last.frozen_at,
+            compiled=last.compiled,
         )
     averaged = all(p.theta_average is not None for p in kept)  # else a piece recorded none: dropped
     return last._replace(

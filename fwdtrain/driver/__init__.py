@@ -1,6 +1,6 @@
 """The run: the loop over a problem's pure steps, its options and hooks, and its files.
 
-- ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``;
+- ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``; ``choose_route`` (eager or compiled, and why);
 - ``options``: ``SaveAt`` (what to record, how often) and ``Checks`` (divergence checks);
 - ``hooks``: ``Progress``, ``Checkpointing``, ``Callback``, ``GradientHook`` and the ``Hook`` base class;
 - ``loop``: the ``Loop`` itself; ``steppers``: eager or compiled steps, chosen once;
@@ -13,7 +13,7 @@ from .evaluate import CostEstimate, stationary_cost
 from .hooks import Callback, Checkpointing, GradientHook, Hook, Progress
 from .loop import Loop
 from .options import Checks, SaveAt
-from .runner import Run, execute, run, setup
+from .runner import Run, choose_route, execute, run, setup
 
 __all__ = [
     "Callback",
@@ -28,6 +28,7 @@ __all__ = [
     "Run",
     "SaveAt",
     "check_compatible",
+    "choose_route",
     "execute",
     "load",
     "run",

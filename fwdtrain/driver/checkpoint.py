@@ -349,9 +349,9 @@ def _check_history(history: Any) -> History | None:
             isinstance(noise, dict) and len(noise) == 1 and isinstance(next(iter(noise.values())), dict)
         ):
             raise _Invalid("history['carry']['noise'] must be {kind: state} for one noise source")
-    interrupted = history.get("interrupted")
-    if interrupted is not None:
-        _tensor(interrupted, "history['interrupted']", ndim=0)
+    for name in ("interrupted", "compiled"):
+        if history.get(name) is not None:
+            _tensor(history[name], f"history[{name!r}]", ndim=0)
     return History(**history)
 
 

@@ -3,7 +3,7 @@
     J(theta) ~ (1 / (N (K - B))) sum_i sum_{B <= n < K} c(X_n^i, theta)
 
 It runs through ``run``'s loop (``fwdtrain.problems.frozen.FrozenCost``: the same noise, kernels, compile
-policy and divergence checks), streams the steps without storing them and returns Python floats, so it
+route and divergence checks), streams the steps without storing them and returns Python floats, so it
 cannot be transformed (it says so inside a transform instead of returning a silent zero;
 ``fwdtrain.core.evaluate.average_cost`` is the pure, differentiable form).
 """

@@ -18,7 +18,9 @@ import optree
 import torch
 
 from .. import _compat
+from ..compile import route
 from ..compile.options import Compile
+from ..compile.route import Route
 from ..core import _checks
 from ..core._tree import tree_map as optree_map
 from ..core.errors import DivergenceError
@@ -139,11 +141,16 @@ class Loop:
             and type(problem).gradient_norm is Trainable.gradient_norm
             and self.stops <= MAX_STOPS
         )
-        if self.observable and isinstance(stepper, Auto):
-            stepper.fast_kernel = self._observer  # what "auto" weighs: the kernel the run will call
 
     def set_carry(self, carry: Carry) -> None:
         self.carry = carry
+
+    @property
+    def route(self) -> Route | None:
+        """How the steps are computed and why (``compile.route``); None while ``compile="auto"`` has not chosen."""
+        if isinstance(self.stepper, Auto):
+            return self.stepper.decision
+        return route.fixed(not isinstance(self.stepper, Eager))
 
     # ---- records ----
     def running_cost(self) -> torch.Tensor:
@@ -198,6 +205,7 @@ class Loop:
             empty_average=self.empty_average,
             diverged=None if alive is None else ~alive,
             frozen_at=frozen_at,
+            compiled=None if self.route is None else self.route.compiled,
         )
 
     # ---- checks ----
@@ -232,23 +240,26 @@ class Loop:
                 self.carry = c
             self.members = (running, frozen_at)
         self.good = (c, self.source.state_dict(c.n))
-        self.check_learning_rate()
 
-    def check_learning_rate(self) -> None:
-        """Raise ``DivergenceError`` (carrying the current state) if alpha(t_n) is not a finite number >= 0."""
+    def bad_rate(self, n: int) -> DivergenceError:
+        """The error for step n, whose state's learning rate alpha(t_n) is not a finite number >= 0: the steps
+        stopped at n - 1, and the error carries that state (the loop's carry) and its history."""
         c = self.carry
+        t = c.state.t + self.stepping.dt  # t_n as the step makes it
         try:
-            check_learning_rate(self.stepping.schedule, c.state.t, self.lr)
+            check_learning_rate(self.stepping.schedule, t, self.lr)
+            reason = f"the learning rate at t = {t.tolist()} is not a finite number >= 0"
         except (TypeError, ValueError) as error:
-            self.record_now(c)
-            raise DivergenceError(
-                f"{error}; training stopped at step {c.n} (alpha is checked at every divergence "
-                f"check) with the state reached in error.state",
-                step=c.n,
-                last_finite_step=c.n,
-                state=c.state,
-                history=self.history(c, self.good[1]),
-            ) from error
+            reason = str(error)
+        self.record_now(c)
+        return DivergenceError(
+            f"{reason}; the run stopped at step {n}, the step of that time, and keeps the state of step {c.n} "
+            f"(t = {c.state.t.tolist()}) in error.state",
+            step=n,
+            last_finite_step=c.n,
+            state=c.state,
+            history=self.history(c),
+        )
 
     def diverged(self, n: int) -> DivergenceError:
         """The error for a failed check at step n, carrying the last state that passed and its history; it
@@ -294,7 +305,9 @@ class Loop:
         block = source.draw(n - last.n)
         for i in range(n - last.n):
             culprit = self.problem.nonfinite(carry.state)
-            carry = eager.steps(carry, block, i, 1, lambda c: None)
+            carry, failing = eager.steps(carry, block, i, 1, lambda c: None)
+            if failing is not None:
+                return n, None
             if not bool(self.problem.within(carry.state, self.checks.bound).all()):
                 return carry.n, culprit
         return n, None
@@ -365,8 +378,10 @@ class Loop:
                         next_event = self.next_event(self.carry.n, stop)
                         break
                 count = min(next_event - self.carry.n, len(block) - i)
-                self.stepper.steps(self.carry, block, i, count, self.set_carry)
-                i = self.carry.n - first  # "auto" returns early where it has chosen the fast path
+                _, failing = self.stepper.steps(self.carry, block, i, count, self.set_carry)
+                if failing is not None:
+                    raise self.bad_rate(failing)
+                i = self.carry.n - first  # "auto" returns after its counted first step
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
@@ -414,14 +429,12 @@ class Loop:
         if out is None:
             self.observable = not self.observer.failed
             return False
-        end, seen, rates = out
-        if not bool(seen["ok"][: len(stops)].all() & torch.isfinite(rates).all() & (rates >= 0).all()):
+        end, seen = out
+        if not bool(seen["ok"][: len(stops)].all()):
             return False
         self._take_records(events, seen)
         self.carry = end
         self.good = (end, self.source.state_dict(end.n))
-        if events and events[-1] == end.n:
-            self.check_learning_rate()  # alpha(t_n) of the next block's first step, as an event checks it
         return True
 
     def _take_records(self, events: list[int], seen: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..compile import route
 from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
@@ -142,6 +143,7 @@ def setup(
         example,
         options,
         first + steps,
+        first,
         _agree(hooks),
     )
     loop = Loop(
@@ -241,6 +243,46 @@ def run(
     )
 
 
+def choose_route(
+    problem: Any,
+    start: Any,
+    steps: int,
+    dt: float,
+    lr: LearningRate,
+    noise: NoiseLike | int = 0,
+    *,
+    solver: Solver | str | None = None,
+    optimizer: GradientTransformation | None = None,
+    compile: Compile | bool | str = "auto",
+) -> route.Route:
+    """The route ``run`` would take with these arguments, and why, without running: eager or compiled steps.
+
+    With ``compile="auto"`` one step is taken eagerly and counted, as ``run`` does (its result is dropped: the
+    start is not changed), and the rule of ``fwdtrain.compile.route`` is applied to the count, the steps
+    (``steps`` and those a continued ``start`` took) and whether the step's kernel is on disk.
+
+    Returns:
+        A ``Route(compiled, reason, eager_s, compiled_s)``; ``str(route)`` is the line ``Progress`` shows.
+
+    Raises:
+        TypeError, ValueError: As ``fwdtrain.run``, for bad input.
+    """
+    loop = setup(
+        problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, compile=compile, save=None, hooks=()
+    )
+    auto = loop.stepper
+    if not isinstance(auto, steppers.Auto):
+        return route.fixed(not isinstance(auto, steppers.Eager))
+    if steps == 0:
+        return route.Route(False, "no steps to take")
+    s, state = loop.stepping, loop.carry.state
+    dw = loop.source.draw(1)[0]
+    _, cost = route.count_step(
+        lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce), key=auto.signature_key
+    )
+    return route.choose(cost, steps, auto.taken, route.on_disk(cost))
+
+
 def execute(loop: Loop) -> Run:
     """Step ``loop`` to its end, then call the hooks' ``end``.
 
@@ -260,6 +302,8 @@ def execute(loop: Loop) -> Run:
         interrupted = True
         loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
         loop.record_now()
+    if isinstance(loop.stepper, steppers.Auto) and loop.stepper.cost is not None and loop.route is not None and loop.route.compiled:
+        route.mark_built(loop.stepper.cost)  # the next "auto" run of this step finds its kernel on disk
     previous = loop.previous
     if loop.carry.n == loop.start and previous is not None:
         result = Run(loop.carry.state, previous._replace(interrupted=torch.tensor(interrupted)))
@@ -270,4 +314,4 @@ def execute(loop: Loop) -> Run:
     return result
 
 
-__all__ = ["Run", "execute", "run", "setup", "split_start"]
+__all__ = ["Run", "choose_route", "execute", "run", "setup", "split_start"]

@@ -9,22 +9,21 @@ per-step costs since the start of training, ``info``: the last step's ``StepInfo
   (``fwdtrain.compile.kernels.loop_kernel``), with the block's learning rates computed beforehand.
 - ``Split``: for a gradient hook (an all-reduce across processes), the two halves of each step
   compiled (``Trainable.propagate`` and ``Trainable.update``) with the hook run eagerly between them.
-- ``Auto``: ``compile="auto"``: eager first, timed, then compiled where ``compile.policy.decide``
-  projects that compiling pays (the decision is taken once, after a few eager steps).
+- ``Auto``: ``compile="auto"``: the first step eagerly and counted, then the route ``compile.route.choose``
+  states (a rule of the counted step, the steps and whether its kernel is on disk; no stopwatch).
 
 Every stepper computes what the eager one does, to rounding.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from ..compile import policy
+from ..compile import route
 from ..compile.kernels import FunctionKernel, LoopKernel, ObservedKernel, function_kernel, loop_kernel, observed_kernel
 from ..compile.options import Compile
 from ..core._tree import leaves, tree_map
@@ -59,21 +58,36 @@ class Stepping(NamedTuple):
 Setter = Callable[[Carry], None]  # the loop's ``carry`` assignment, called after every eager step
 
 
+def good_rates(alphas: Any, rows: int) -> torch.Tensor:
+    """(rows,) bool: each row of learning rates (a member's each, with members) a finite number >= 0."""
+    alphas = torch.as_tensor(alphas).reshape(rows, -1)
+    return (torch.isfinite(alphas) & (alphas >= 0)).all(1)
+
+
 class Eager:
-    """One eager ``advance`` per step; the loop's carry is set after every step (Ctrl-C keeps whole steps)."""
+    """One eager ``advance`` per step; the loop's carry is set after every step (Ctrl-C keeps whole steps).
+
+    A step n whose state's learning rate alpha(t_n) is not a finite number >= 0 fails: the steps stop at n - 1.
+    """
 
     route = "eager"
 
     def __init__(self, stepping: Stepping) -> None:
         self.s = stepping
 
-    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+    def steps(
+        self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
+    ) -> tuple[Carry, int | None]:
         s = self.s
+        alpha = s.schedule(carry.state.t)
         for i in range(start, start + count):
-            new, info = s.problem.advance(carry.state, block[i], s.dt, s.schedule(carry.state.t), s.plan, s.reduce)
+            new, info = s.problem.advance(carry.state, block[i], s.dt, alpha, s.plan, s.reduce)
+            alpha = s.schedule(new.t)
+            if not bool(good_rates(alpha, 1)):
+                return carry, carry.n + 1
             carry = Carry(new, carry.n + 1, carry.total + info.cost, info)
             set_carry(carry)
-        return carry
+        return carry, None
 
 
 def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
@@ -91,21 +105,31 @@ def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
     return torch.from_numpy(values).to(t.device).reshape((count, *t.shape))
 
 
-def block_rates(
-    schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(alpha(t_k), t_k) for the steps start .. start + count - 1 of a block of ``length`` (alpha zero elsewhere),
-    t_k as the step accumulates it (``clocks``: (count, *t.shape)); alpha in the dtype the schedule gives at t:
-    (length, *t.shape)."""
-    times = clocks(t, dt, count)
+class Rates(NamedTuple):
+    """A block's learning rates from row ``start``: ``alphas`` (length, *t.shape) alpha(t_k) for its steps (zeros
+    before ``start`` and past the drawn rows), ``good`` (length,) whether the state each step makes has a good
+    rate (alpha(t_{k+1}) a finite number >= 0), ``times`` (count + 1, *t.shape) the clocks t_k from ``start``."""
+
+    alphas: torch.Tensor
+    good: torch.Tensor
+    times: torch.Tensor
+
+
+def block_rates(schedule: Schedule, t: torch.Tensor, dt: float, start: int, count: int, length: int) -> Rates:
+    """The ``Rates`` of the steps start .. start + count - 1 of a block of ``length``, t_k as the step accumulates
+    it (``clocks``); alpha in the dtype the schedule gives at t. The schedule is asked at t_{start + count}, the
+    clock of the block's last state, and never past it."""
+    times = clocks(t, dt, count + 1)
     try:
         alphas = torch.as_tensor(schedule(times))
         alphas = alphas.broadcast_to(times.shape) if alphas.shape != times.shape else alphas
     except (RuntimeError, TypeError, ValueError):  # a schedule that takes one clock at a time
         alphas = torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
-    out = torch.zeros((length, *t.shape), dtype=torch.as_tensor(schedule(t)).dtype, device=t.device)
-    out[start : start + count] = alphas
-    return out, times
+    out = torch.zeros((length, *t.shape), dtype=alphas.dtype, device=t.device)
+    out[start : start + count] = alphas[:count]
+    good = torch.ones(length, dtype=torch.bool, device=t.device)
+    good[start : start + count] = good_rates(alphas[1:], count)
+    return Rates(out, good, times)
 
 
 class Compiled:
@@ -122,32 +146,40 @@ class Compiled:
     ) -> None:
         self.s, self.kernel, self.length, self.options = stepping, kernel, length, options
         self.example = example  # a noise block of the kernel's length (its shape and dtype)
-        self._block: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._block: tuple[torch.Tensor, int, torch.Tensor, Rates] | None = None
 
     @property
     def route(self) -> str:
         return self.kernel.route
 
-    def inputs(self, t: torch.Tensor, block: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``block`` padded to ``length`` rows, alpha(t_k) for its steps from ``start`` on, zeros before)."""
-        cached = self._block  # (block, first start, clocks from there, padded block, rates)
+    def inputs(self, t: torch.Tensor, block: torch.Tensor, start: int) -> tuple[torch.Tensor, Rates]:
+        """(``block`` padded to ``length`` rows, the ``Rates`` of its steps from ``start`` on)."""
+        cached = self._block  # (block, first start, padded block, rates)
         if cached is not None and cached[0] is block:
-            if cached[1] <= start and torch.equal(cached[2][start - cached[1]], t):
-                return cached[3], cached[4]
-            padded = cached[3]
+            if cached[1] <= start and torch.equal(cached[3].times[start - cached[1]], t):
+                return cached[2], cached[3]
+            padded = cached[2]
         else:
             padded = padded_block(block, self.length)
-        rates, times = block_rates(self.s.schedule, t, self.s.dt, start, block.shape[0] - start, self.length)
-        self._block = (block, start, times, padded, rates)
+        rates = block_rates(self.s.schedule, t, self.s.dt, start, block.shape[0] - start, self.length)
+        self._block = (block, start, padded, rates)
         return padded, rates
 
-    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
-        padded, alphas = self.inputs(carry.state.t, block, start)
-        info = carry.info if carry.info is not None else zero_info(carry.state)
-        state, total, info = self.kernel(count, start, (padded, alphas), (carry.state, carry.total, info))
-        carry = Carry(state, carry.n + count, total, info)
-        set_carry(carry)
-        return carry
+    def steps(
+        self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
+    ) -> tuple[Carry, int | None]:
+        padded, rates = self.inputs(carry.state.t, block, start)
+        bad = (~rates.good[start : start + count]).nonzero()
+        failing = None
+        if len(bad):  # the step of row start + j makes a state with a bad rate: stop before it
+            count = int(bad[0])
+            failing = carry.n + count + 1
+        if count:
+            info = carry.info if carry.info is not None else zero_info(carry.state)
+            state, total, info = self.kernel(count, start, (padded, rates.alphas), (carry.state, carry.total, info))
+            carry = Carry(state, carry.n + count, total, info)
+            set_carry(carry)
+        return carry, failing
 
     def observer(self, observe: Callable[[Any], Any], rows: int, key: Any, carry: Carry) -> ObservedKernel:
         """The compiled loop of this stepper's step with ``observe(carry)`` taken at up to ``rows`` stops
@@ -163,18 +195,20 @@ class Compiled:
 
     def observed_steps(
         self, kernel: ObservedKernel, carry: Carry, block: torch.Tensor, stops: list[int]
-    ) -> tuple[Carry, Any, torch.Tensor] | None:
+    ) -> tuple[Carry, Any] | None:
         """The steps of ``block`` up to each of ``stops`` (step counts from the block's first row, the last one the
-        block's length) in one call of ``kernel``: (the carry at the last stop, the stacked observations, the
-        block's learning rates); None where the kernel cannot run (the caller steps as usual). The carry is not
-        set: the caller does, once the observations pass its checks."""
-        padded, alphas = self.inputs(carry.state.t, block, 0)
+        block's length) in one call of ``kernel``: (the carry at the last stop, the stacked observations); None
+        where the kernel cannot run or a state of the block has a bad learning rate (the caller steps as usual).
+        The carry is not set: the caller does, once the observations pass its checks."""
+        padded, rates = self.inputs(carry.state.t, block, 0)
+        if not bool(rates.good.all()):
+            return None
         info = carry.info if carry.info is not None else zero_info(carry.state)
-        out = kernel.observe_call(stops, 0, (padded, alphas), (carry.state, carry.total, info))
+        out = kernel.observe_call(stops, 0, (padded, rates.alphas), (carry.state, carry.total, info))
         if out is None:
             return None
         (state, total, info), seen = out
-        return Carry(state, carry.n + stops[-1], total, info), seen, alphas[: block.shape[0]]
+        return Carry(state, carry.n + stops[-1], total, info), seen
 
 
 def padded_block(block: torch.Tensor, length: int) -> torch.Tensor:
@@ -191,16 +225,21 @@ class Split:
         self.s, self.propagate, self.update = stepping, propagate, update
         self.route = (propagate.package is not None and "aot") or "dynamo"
 
-    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
+    def steps(
+        self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
+    ) -> tuple[Carry, int | None]:
         s = self.s
+        alpha = torch.as_tensor(s.schedule(carry.state.t))
         for i in range(start, start + count):
-            alpha = torch.as_tensor(s.schedule(carry.state.t))
             moved, info = self.propagate(carry.state, block[i])
             gradient = s.reduce(info.gradient) if s.reduce is not None else info.gradient
-            info = StepInfo(info.cost, gradient)
-            carry = Carry(self.update(moved, gradient, alpha), carry.n + 1, carry.total + info.cost, info)
+            new = self.update(moved, gradient, alpha)
+            alpha = torch.as_tensor(s.schedule(new.t))
+            if not bool(good_rates(alpha, 1)):
+                return carry, carry.n + 1
+            carry = Carry(new, carry.n + 1, carry.total + info.cost, StepInfo(info.cost, gradient))
             set_carry(carry)
-        return carry
+        return carry, None
 
 
 def zero_info(state: State) -> StepInfo:
@@ -256,77 +295,59 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
 
 
 class Auto:
-    """``compile="auto"``: eager for a warm-up step and ``policy.EAGER_PROBE_STEPS`` timed steps, then compiled
-    when ``policy.decide`` projects that it pays for the steps left (a kernel on disk counts as nearly free)."""
+    """``compile="auto"``: the run's first step eagerly, counted (``route.count_step``), then the route the rule
+    chooses from that count and the steps (``route.choose``), passed through ``agree`` (a group takes rank 0's)."""
 
     def __init__(
-        self, stepping: Stepping, options: Compile, end: int, agree: Callable[[bool], bool], example: torch.Tensor
+        self,
+        stepping: Stepping,
+        options: Compile,
+        end: int,
+        taken: int,
+        agree: Callable[[bool], bool],
+        example: torch.Tensor,
     ) -> None:
-        self.s, self.options, self.end, self.agree = stepping, options, end, agree
+        self.s, self.options, self.end, self.taken, self.agree = stepping, options, end, taken, agree
         self.example = example  # a block of the compiled loop's length
-        self.eager = Eager(stepping)
         self.chosen: Eager | Compiled | Split | None = None
-        self.timed: list[float] = []
-        self.decision: policy.Decision | None = None
-        # the kernel a compiled run would call instead of the stepper's own loop kernel (the loop's fast path,
-        # ``Loop._observer``): its package decides whether compiling is nearly free
-        self.fast_kernel: Callable[[Compiled, Carry], Any] | None = None
+        self.decision: route.Route | None = None
+        self.cost: route.StepCost | None = None
 
     @property
     def route(self) -> str:
         return "eager" if self.chosen is None else self.chosen.route
 
-    def steps(self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter) -> Carry:
-        if self.chosen is None and not self.timed and policy.compiled_before(self._key(carry.state)):
-            # a run of this problem compiled before in this process (a continued run): its kernel is built
-            self.chosen = compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
-            if self.fast_kernel is not None and isinstance(self.chosen, Compiled):
-                return carry  # the loop's fast path takes the block
-        while count > 0 and self.chosen is None:
-            clock = time.perf_counter()
-            carry = self.eager.steps(carry, block, start, 1, set_carry)
-            self.timed.append(time.perf_counter() - clock)
-            start, count = start + 1, count - 1
-            if len(self.timed) > policy.EAGER_PROBE_STEPS:
-                self.chosen = self._choose(carry)
-                if self.fast_kernel is not None and isinstance(self.chosen, Compiled):
-                    return carry  # the loop's fast path takes the rest (``Loop._advance``)
-        if count == 0:
-            return carry
+    @property
+    def signature_key(self) -> str:
+        """What the compiled kernel depends on besides the counted step's calls and shapes."""
+        return f"{self.s.dt!r}|{self.options.unroll}|{self.options.route}|{self.s.reduce is not None}"
+
+    def steps(
+        self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
+    ) -> tuple[Carry, int | None]:
+        if self.chosen is None and count > 0:
+            s = self.s
+            steps = self.end - carry.n
+            state, dw = carry.state, block[start]
+            (new, info), self.cost = route.count_step(
+                lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce),
+                key=self.signature_key,
+            )
+            decision = route.choose(self.cost, steps, self.taken, route.on_disk(self.cost))
+            compiling = self.agree(decision.compiled)
+            self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
+            self.chosen = (
+                compiled(s, carry.state, self.example, self.options._replace(enabled=True))
+                if compiling
+                else Eager(s)
+            )
+            if not bool(good_rates(s.schedule(new.t), 1)):
+                return carry, carry.n + 1
+            carry = Carry(new, carry.n + 1, carry.total + info.cost, info)
+            set_carry(carry)
+            return carry, None  # one step taken: the loop hands the rest to the route chosen (its fast path included)
         assert self.chosen is not None
         return self.chosen.steps(carry, block, start, count, set_carry)
-
-    def _key(self, state: State) -> Hashable:
-        """What the eager time spent is remembered by: the problem, its plan and dt, the state's leaves' shapes."""
-        s = self.s
-        shapes = tuple((tuple(leaf.shape), leaf.dtype) for leaf in leaves(state) if isinstance(leaf, torch.Tensor))
-        return (s.problem, s.plan, s.dt, shapes)
-
-    def _choose(self, carry: Carry) -> Eager | Compiled | Split:
-        """This process's choice, then the run's (``agree``: every rank of a group takes rank 0's)."""
-        eager_step = min(self.timed[1:])  # the first step pays one-time costs (imports, caches)
-        remaining = self.end - carry.n
-        key = self._key(carry.state)
-        spent = policy.spent(key)
-        chosen = None
-        if policy.worth_tracing(eager_step, remaining, spent):
-            chosen = compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
-            kernel = chosen.kernel if isinstance(chosen, Compiled) else None
-            if isinstance(chosen, Compiled) and self.fast_kernel is not None:
-                fast = self.fast_kernel(chosen, carry)
-                kernel = kernel if fast.failed else fast
-            warm = kernel.warm if kernel is not None else False
-            nodes = kernel.nodes if kernel is not None else 0
-            self.decision = policy.decide(eager_step, remaining, warm=warm, nodes=max(nodes, 1), spent_s=spent)
-        if not self.agree(self.decision is not None and self.decision.compile):
-            policy.spend(key, eager_step * remaining)
-            return self.eager
-        policy.chose_compiled(key)
-        return (
-            chosen
-            if chosen is not None
-            else compiled(self.s, carry.state, self.example, self.options._replace(enabled=True))
-        )
 
 
 def stepper(
@@ -335,6 +356,7 @@ def stepper(
     block: torch.Tensor,
     options: Compile,
     end: int,
+    taken: int = 0,
     agree: Callable[[bool], bool] = bool,
 ) -> Eager | Compiled | Split | Auto:
     """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto", the decision
@@ -342,7 +364,7 @@ def stepper(
     if options.enabled is False:
         return Eager(stepping)
     if options.enabled == "auto":
-        return Auto(stepping, options, end, agree, block)
+        return Auto(stepping, options, end, taken, agree, block)
     return compiled(stepping, state, block, options)
 
 

@@ -4,7 +4,7 @@
     S_{n+1}^i = S_n^i + c(X_n^i, theta) 1[n >= B],   theta_{n+1} = theta_n,   t_{n+1} = t_n + h
 
 The state's sensitivity slot carries the per-particle running sums S (N,) in float64 (there is no
-sensitivity to carry); ``run`` draws the noise, chooses eager or compiled steps by its policy and keeps one
+sensitivity to carry); ``run`` draws the noise, chooses eager or compiled steps by its route and keeps one
 kernel for every theta (theta is carried in the state, not closed over).
 """
 
