@@ -179,7 +179,7 @@ def test_a_cosine_schedule_stops_at_the_step_whose_rate_is_negative_with_the_sta
         ft.run(ex.sde, ex.initial_state(), 700, 0.01, lambda t: 0.1 * torch.cos(t), compile=compile)
     error = info.value
     assert (error.step, error.last_finite_step, error.history.steps) == (158, 157, 157)
-    assert math.isclose(float(error.state.t), 1.57) and torch.isfinite(error.state.theta["layers.0.weight"]).all()
+    assert math.isclose(float(error.state.t), 1.57) and torch.isfinite(error.state.theta["weight0"]).all()
     ok = ft.run(ex.sde, ex.initial_state(), 157, 0.01, lambda t: 0.1 * torch.cos(t), compile=False)
     torch.testing.assert_close(error.state.theta, ok.state.theta, rtol=1e-5, atol=1e-6)
 
@@ -189,11 +189,12 @@ def test_a_schedule_that_turns_negative_stops_the_run_with_the_state_kept():
     with pytest.raises(ValueError, match=r"returned -2.5 at t = 3"):  # negative at the end: refused up front
         ft.run(sde, state, 300, DT, lambda t: 0.5 - t)
     schedule = lambda t: torch.where((t > 0.5) & (t < 2.0), -0.5, 0.5)
-    with pytest.raises(ft.DivergenceError, match=r"returned -0.5 at t = 0.51.*stopped at step 51") as info:
+    # t_50 = 0.5000000000000002 > 0.5 as the clock adds up: step 50 is the first whose rate is negative
+    with pytest.raises(ft.DivergenceError, match=r"returned -0.5 at t = 0.5;.*stopped at step 50") as info:
         ft.run(sde, state, 300, DT, schedule, compile=False, save=ft.SaveAt(100), checks=ft.Checks(100))
     error = info.value
-    assert error.last_finite_step == 50 and math.isclose(float(error.state.t), 0.5)
-    assert error.history.steps == 50 and torch.isfinite(error.state.x).all()
+    assert error.last_finite_step == 49 and math.isclose(float(error.state.t), 0.49)
+    assert error.history.steps == 49 and torch.isfinite(error.state.x).all()
 
 
 def test_a_schedule_bad_at_the_start_is_refused_before_any_step():
