@@ -24,7 +24,7 @@ from .core.state import State, init
 from .problems.prepared import step, step_with_info, jit_step
 
 # Running: the loop and its options and hooks
-from .driver.runner import run, choose_route
+from .driver.runner import run
 from .driver.options import SaveAt, Checks
 from .compile.options import Compile
 from .driver.hooks import Progress, Checkpointing
@@ -50,7 +50,7 @@ __all__ = [  # noqa: RUF022  (grouped by concept, as above)
     "SDE", "ControlledSDE", "Jumps", "functional", "mlp",
     "Euler", "Heun", "Milstein",
     "State", "init", "step", "step_with_info", "jit_step",
-    "run", "choose_route", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
+    "run", "SaveAt", "Checks", "Compile", "Progress", "Checkpointing",
     "History", "save", "load", "stationary_cost",
     "DivergenceError", "CheckpointError", "errors",
     "schedules", "noise", "optim", "calibration", "sgdct", "ensemble", "pointprocess", "distributed", "examples",

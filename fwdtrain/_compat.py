@@ -126,6 +126,16 @@ def top_transform_is_vmap() -> bool:
     return top is not None and top.key() == torch._C._functorch.TransformType.Vmap
 
 
+def outside_transforms() -> contextlib.AbstractContextManager[None]:
+    """The ``torch.func`` transforms of the caller set aside for a while (functorch's interpreter stack cleared,
+    restored on exit): for work on tensors already unwrapped from a ``vmap``, such as compiling a kernel, which
+    must not meet the caller's ``vmap`` (inductor's first compile in a process draws random numbers, which
+    ``vmap`` refuses in its default randomness mode)."""
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    return temporarily_clear_interpreter_stack()
+
+
 def vmap_level() -> int:
     """The level of the innermost ``vmap`` (call only when ``top_transform_is_vmap()``)."""
     return torch._C._functorch.peek_interpreter_stack().level()

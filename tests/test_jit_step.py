@@ -216,3 +216,42 @@ def test_a_vmap_inside_the_users_jacfwd_runs_the_eager_step_and_is_the_derivativ
 
     weight = start.theta["weight1"]
     torch.testing.assert_close(jacfwd(final_x)(weight, QUICK), jacfwd(final_x)(weight, False), rtol=0, atol=0)
+
+
+_FRESH_VMAP = """
+import json, warnings, torch, fwdtrain as ft
+from torch.func import vmap
+from fwdtrain.compile import kernels
+from fwdtrain.core._tree import tree_map
+warnings.simplefilter("error", RuntimeWarning)  # a fallback warns: here it fails the process
+ex = ft.examples.lqr_1d(particles=3, hidden=4)
+states = [ft.init(ex.sde, ex.theta, ex.x0, 3) for _ in range(4)]
+stacked = tree_map(lambda *xs: torch.stack(xs), *states)
+dw, lrs = torch.randn(4, 3, 1, generator=torch.Generator().manual_seed(0)) * 0.1, torch.tensor([0.1, 0.2, 0.3, 0.4])
+batched = vmap(lambda s, w, a: ft.step(ex.sde, s, w, 0.01, a, compile=True))
+for _ in range(3):
+    out = batched(stacked, dw, lrs)
+    loop = [ft.step(ex.sde, states[r], dw[r], 0.01, lrs[r]) for r in range(4)]
+    for r in range(4):
+        for key in out.theta:
+            torch.testing.assert_close(out.theta[key][r], loop[r].theta[key], rtol=1e-5, atol=1e-6)
+    stacked, states = out, loop
+print(json.dumps(kernels.counts()))
+"""
+
+
+@pytest.mark.slow
+def test_vmap_over_compiled_steps_compiles_once_in_a_fresh_process(tmp_path):
+    """Issue 41: in a process that compiled nothing before, the user's ``vmap`` over ``step(compile=True)``
+    compiles one batched kernel (no fallback, no warning) and equals a loop over the runs, step after step."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "FWDTRAIN_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", _FRESH_VMAP], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.splitlines()[-1])
+    assert counts["compiles"] == 1 and counts["fallbacks"] == 0, counts

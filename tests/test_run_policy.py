@@ -74,12 +74,12 @@ def test_the_same_call_takes_the_same_route_whatever_ran_before(monkeypatch):
     monkeypatch.setattr(route, "TRACE_SECONDS", 0.05)
     sde, state = linear_problem()
     quick = ft.Compile("auto", route="dynamo", backend="eager")
-    short = ft.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick)
-    long = ft.choose_route(sde, state, 100_000, DT, 0.5, 3, compile=quick)
+    short = ft.driver.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick)
+    long = ft.driver.choose_route(sde, state, 100_000, DT, 0.5, 3, compile=quick)
     assert not short.compiled and long.compiled
     first = ft.run(sde, state, 400, DT, 0.5, 3, compile=quick)
     assert first.history.route == "compiled"
-    assert ft.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick).compiled is False
+    assert ft.driver.choose_route(sde, state, 5, DT, 0.5, 3, compile=quick).compiled is False
     assert ft.run(sde, state, 5, DT, 0.5, 3, compile=quick).history.route == "eager"
 
 
@@ -128,7 +128,7 @@ def test_auto_compiles_when_the_rule_says_so_and_leaves_its_marker(monkeypatch):
     for a, b in zip(ft.core._tree.leaves(loop.carry.state), ft.core._tree.leaves(eager)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     assert route.on_disk(loop.stepper.cost)
-    assert ft.choose_route(sde, state, 40, DT, 0.5, 3, compile=options).reason == "warm=True"
+    assert ft.driver.choose_route(sde, state, 40, DT, 0.5, 3, compile=options).reason == "warm=True"
 
 
 def test_progress_shows_the_route_in_one_line(capsys):
@@ -136,7 +136,7 @@ def test_progress_shows_the_route_in_one_line(capsys):
     ft.run(sde, state, 30, DT, 0.5, 3, hooks=ft.Progress(every=10))
     lines = [line for line in capsys.readouterr().err.splitlines() if "fwdtrain: steps" in line]
     assert len(lines) == 1 and "eager (" in lines[0] and "ATen calls a step" in lines[0]
-    assert str(ft.choose_route(sde, state, 30, DT, 0.5, 3, compile=False)) == "eager (compile=False)"
+    assert str(ft.driver.choose_route(sde, state, 30, DT, 0.5, 3, compile=False)) == "eager (compile=False)"
 
 
 _LAUNCH = (

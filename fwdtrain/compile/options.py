@@ -18,7 +18,7 @@ class Compile(NamedTuple):
         enabled: ``"auto"`` (default): the rule of ``fwdtrain.compile.route``: the run's first step is taken
             eagerly and counted (ATen calls, numbers written), and the run compiles when the steps, with those
             a continued run took before, are projected to take longer eagerly than compiling them (a kernel
-            on disk costs a load); ``fwdtrain.choose_route`` tells before running. ``True``: always.
+            on disk costs a load); ``fwdtrain.driver.choose_route`` tells before running. ``True``: always.
             ``False``: every step eager.
         route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
             into a package kept in ``fwdtrain.compile.cache_dir()``, loaded by later runs and processes

@@ -62,15 +62,16 @@ def batched_call(jit: PreparedStep, state: State, dw: Any, dt: Any, lr: Learning
     one_run = [tensor[0] for tensor in stacked]
     state_1, dw_1, _ = unflatten(spec, one_run)
     key = (spec, float(dt), runs, tuple((t.shape, t.dtype, t.device) for t in stacked))
-    entry = jit.batched_kernels.get(key)
-    if entry is None:
-        plan = jit.prepare(state_1, dw_1, dt, lr)
-        entry = jit.batched_kernels[key] = _batched_kernel(jit, plan, float(dt), unflatten(spec, stacked))
-    alphas = stacked[-1]
-    if not bool((torch.isfinite(alphas) & (alphas >= 0)).all()):
-        bad = int((~(torch.isfinite(alphas) & (alphas >= 0))).nonzero()[0])
-        _checks.check_alpha(alphas[bad], state_1.t, lr)  # raises with the message of that run
-    out = entry(*unflatten(spec, stacked))
+    with _compat.outside_transforms():  # plain tensors from here: the kernel is built and called outside vmap
+        entry = jit.batched_kernels.get(key)
+        if entry is None:
+            plan = jit.prepare(state_1, dw_1, dt, lr)
+            entry = jit.batched_kernels[key] = _batched_kernel(jit, plan, float(dt), unflatten(spec, stacked))
+        alphas = stacked[-1]
+        if not bool((torch.isfinite(alphas) & (alphas >= 0)).all()):
+            bad = int((~(torch.isfinite(alphas) & (alphas >= 0))).nonzero()[0])
+            _checks.check_alpha(alphas[bad], state_1.t, lr)  # raises with the message of that run
+        out = entry(*unflatten(spec, stacked))
     return tree_map(lambda tensor: _compat.add_batch_dim(tensor, 0, level), out)
 
 
