@@ -234,6 +234,7 @@ class _Package:
 
     def _load(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
         run = _compat.aot_load(str(self.path), self.device)
+        cache.touch(self.path)
         _COUNTS["loads"] += 1
         return run
 
@@ -249,6 +250,7 @@ class _Package:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
+        cache.prune(keep=self.path)
         if set_up:  # a machine's first compile also builds its probe and headers: not a compile's usual cost
             cache.record_compile(time.perf_counter() - clock, self.nodes)
         _compat.record_probe(machine)
