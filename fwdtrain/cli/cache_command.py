@@ -30,7 +30,7 @@ def render(shown: dict[str, Any]) -> str:
     cap = "none" if limit is None else cache.format_size(limit)
     lines = [
         f"cache folder  {shown['folder']}",
-        f"packages      {_packages(shown['packages'])}, {cache.format_size(shown['package_bytes'])} (kernels/)",
+        f"packages      {shown['packages']}, {cache.format_size(shown['package_bytes'])} (kernels/)",
         f"cap           {cap} (${cache.LIMIT_ENV}; the least recently used packages are removed first)",
         f"inductor      {cache.format_size(shown['inductor_bytes'])} (inductor/, not capped; --clear empties it)",
     ]
