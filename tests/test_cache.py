@@ -121,6 +121,7 @@ def test_a_bad_cap_names_the_variable_its_value_and_the_accepted_forms(monkeypat
 
 def test_the_cache_command_shows_the_folder_packages_cap_and_inductor(monkeypatch, capsys):
     monkeypatch.setenv(cache.LIMIT_ENV, "2G")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     package("a", 1_500_000)
     package("b", 1_000_000)
     package(".tmp-x", 7)
@@ -139,8 +140,12 @@ def test_the_cache_command_shows_the_folder_packages_cap_and_inductor(monkeypatc
         "package_bytes": 2_500_000,
         "limit_bytes": 2_000_000_000,
         "inductor_bytes": 300_000,
+        "torchinductor_cache_dir": None,
         "exit_status": 0,
     }
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the user's own folder for inductor's caches
+    assert cli.main(["cache"]) == 0
+    assert "inductor writes to $TORCHINDUCTOR_CACHE_DIR=/elsewhere\n" in capsys.readouterr().out
 
 
 def test_the_cache_command_prunes_to_a_size_and_clears_everything(monkeypatch, capsys):

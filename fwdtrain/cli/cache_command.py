@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from ..compile import cache
 
 
 def show() -> dict[str, Any]:
-    """The folder, its packages (count, bytes), their cap (bytes, None: no cap) and inductor's bytes.
+    """The folder, its packages (count, bytes), their cap (bytes, None: no cap), the bytes of its ``inductor/``
+    and ``$TORCHINDUCTOR_CACHE_DIR`` when it names another folder (inductor's caches are there, not counted).
     ``ValueError`` for a bad ``$FWDTRAIN_CACHE_LIMIT``."""
     limit = cache.limit_bytes()
     used = cache.usage()
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    elsewhere = chosen if chosen and Path(chosen) != cache.cache_dir() / "inductor" else None
     return {
         "folder": str(cache.cache_dir()),
         "packages": used.packages,
         "package_bytes": used.package_bytes,
         "limit_bytes": limit,
         "inductor_bytes": used.inductor_bytes,
+        "torchinductor_cache_dir": elsewhere,  # the user's choice of inductor's folder: neither counted nor cleared
     }
 
 
@@ -34,6 +40,8 @@ def render(shown: dict[str, Any]) -> str:
         f"cap           {cap} (${cache.LIMIT_ENV}; the least recently used packages are removed first)",
         f"inductor      {cache.format_size(shown['inductor_bytes'])} (inductor/, not capped; --clear empties it)",
     ]
+    if shown["torchinductor_cache_dir"]:
+        lines.append(f"              inductor writes to $TORCHINDUCTOR_CACHE_DIR={shown['torchinductor_cache_dir']}")
     if "freed_bytes" in shown:
         lines.insert(0, shown["done"])
     return "\n".join(lines)
