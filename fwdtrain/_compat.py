@@ -126,7 +126,7 @@ def top_transform_is_vmap() -> bool:
     return top is not None and top.key() == torch._C._functorch.TransformType.Vmap
 
 
-def outside_transforms() -> contextlib.AbstractContextManager[None]:
+def outside_transforms() -> contextlib.AbstractContextManager[Any]:
     """The ``torch.func`` transforms of the caller set aside for a while (functorch's interpreter stack cleared,
     restored on exit): for work on tensors already unwrapped from a ``vmap``, such as compiling a kernel, which
     must not meet the caller's ``vmap`` (inductor's first compile in a process draws random numbers, which

@@ -1,5 +1,6 @@
 """``python -m fwdtrain [PROBLEM] [options]``: train a built-in problem and print what it learned against the
-known optimum (``lqr-1d`` when no problem is named).
+known optimum (``lqr-1d`` when no problem is named). ``python -m fwdtrain cache [--clear | --limit SIZE]``: the
+compiled kernels' folder (``cache_command``; exit status 0, or 2 for a bad size or ``$FWDTRAIN_CACHE_LIMIT``).
 
 Exit status:
   0    success
@@ -36,8 +37,9 @@ from typing import Any, NoReturn
 
 from .. import distributed
 from ..core.errors import CheckpointError
+from . import cache_command
 from .configure import prepare
-from .parser import UsageError, parse
+from .parser import CACHE, UsageError, parse
 from .report import render, report
 from .train import Diverged, train
 
@@ -79,6 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
         return fail(error, EXIT_USAGE, as_json)
+    if args.problem == CACHE:
+        try:
+            return cache_command.run(args)
+        except (ValueError, OSError) as error:  # a bad $FWDTRAIN_CACHE_LIMIT, a folder that cannot be read
+            return fail(error, EXIT_USAGE, as_json)
     status = EXIT_GROUP
     try:
         distributed.init_process_group()  # a no-op outside torchrun

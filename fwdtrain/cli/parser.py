@@ -1,4 +1,5 @@
-"""The command line's options: ``fwdtrain [PROBLEM] [options]``, one subcommand per built-in problem."""
+"""The command line's options: ``fwdtrain [PROBLEM] [options]``, one subcommand per built-in problem, and
+``fwdtrain cache [--clear | --limit SIZE]``."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any, NoReturn
 import torch
 
 from .. import examples, optim
+from ..compile import cache
 from ..core.solvers import SOLVERS
 
 SCHEDULES = ("constant", "inverse-time", "staged")
+CACHE = "cache"  # the subcommand that shows, prunes or clears the compiled kernels' folder
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -183,7 +186,8 @@ def build_parser(helping: bool = True) -> argparse.ArgumentParser:
         description="Online forward-propagation training of SDEs: train a built-in problem and compare "
         f"with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
         epilog="options: fwdtrain PROBLEM --help (--total-steps, --dt, --particles, --lr, --schedule, "
-        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...)",
+        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...). "
+        f"fwdtrain {CACHE}: the compiled kernels' folder, its size and cap (--clear empties it)",
     )
     sub: Any = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
     common = _options()
@@ -197,13 +201,43 @@ def build_parser(helping: bool = True) -> argparse.ArgumentParser:
             description=f"{summary}. Defaults: {defaults}.",
             usage=f"fwdtrain {name} [options]",
         )
+    _cache_command(sub)
     return parser
+
+
+def _size(text: str) -> str:
+    """An argparse type: ``text`` when ``cache.parse_size`` reads it (bytes, a size with a unit, "none")."""
+    try:
+        cache.parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _cache_command(sub: Any) -> None:
+    what = "the compiled kernels' folder: its packages, their size and cap, and inductor's caches"
+    command = sub.add_parser(
+        CACHE,
+        help=f"show {what}",
+        description=f"Show {what}; --clear removes them all, --limit prunes the packages now.",
+        usage=f"fwdtrain {CACHE} [--clear | --limit SIZE] [--json]",
+    )
+    action = command.add_mutually_exclusive_group()
+    action.add_argument("--clear", action="store_true", help="remove every package and inductor's caches")
+    action.add_argument(
+        "--limit",
+        type=_size,
+        metavar="SIZE",
+        help="remove the least recently used packages until they hold at most SIZE (500M, 2G, 1.5GB, 512MiB, "
+        f"bytes); the cap of later runs is ${cache.LIMIT_ENV}",
+    )
+    command.add_argument("--json", action="store_true", help="print one JSON object instead of the lines")
 
 
 def with_problem(argv: list[str]) -> list[str]:
     """``argv`` with the default problem first when none is named; a word that is not a problem is refused,
     with the list of problems and the closest name."""
-    if argv and argv[0] in (*examples.REGISTRY, "-h", "--help"):
+    if argv and argv[0] in (*examples.REGISTRY, CACHE, "-h", "--help"):
         return argv
     if argv and not argv[0].startswith("-"):
         names = sorted(examples.REGISTRY)
@@ -219,12 +253,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     named = bool(argv) and argv[0] in examples.REGISTRY
     helping = any(word in ("-h", "--help") for word in argv)
     args = build_parser(helping).parse_args(with_problem(argv))
+    if args.problem == CACHE:
+        return args, False
     if args.fuse is not None and args.compile is False:
         raise UsageError(f"--fuse {args.fuse} asks for compiled steps but --no-compile for eager ones; drop one")
     return args, named
 
 
 __all__ = [
+    "CACHE",
     "DTYPES",
     "SCHEDULES",
     "UsageError",

@@ -3,7 +3,7 @@
 - ``options``: ``Compile``, what ``run(compile=...)`` takes;
 - ``kernels``: ``loop_kernel`` (a compiled loop of steps) and ``function_kernel``, cached per process; ``counts``;
 - ``graphs``: tracing a pure step into a flat ATen graph, and the loop built around it;
-- ``cache``: ``cache_dir()``, the kernels' keys and this machine's compile record;
+- ``cache``: ``cache_dir()``, the kernels' keys and their cap (``touch`` on load, ``prune`` after a write);
 - ``route``: what ``compile="auto"`` chooses, by a stated rule of the counted step, the steps and the cache.
 """
 

@@ -10,10 +10,16 @@ holds:
   fwdtrain's kernel format. Anything that changes the graph changes the key.
 - ``inductor/``: inductor's own caches (FX graphs, the instruction-set probe's builds) and, with
   ``isa.json``, the probe's result, so that a later process skips the probe.
-- ``stats.json``: how long this machine took to compile (``record_compile``), for
-  ``fwdtrain.compile.policy``.
+- ``routes/<signature>``: empty markers, one per step whose kernel a ``compile="auto"`` run built
+  (``fwdtrain.compile.route``): the rule reads them as "this step's kernel is on disk".
 
 A package is written to a temporary file and renamed, so a crash never leaves half a kernel.
+
+The packages are capped (``limit_bytes``: ``$FWDTRAIN_CACHE_LIMIT``, else ``DEFAULT_LIMIT_BYTES``): a load
+marks its package as used (``touch``: its modification time set to now), and after each package written
+``prune`` removes the least recently used others until the packages' total is within the cap; the one just
+written is always kept. The same scan removes ``.tmp-*`` files older than an hour (a crashed compile's) and
+``*.rejected`` packages. ``inductor/`` is not capped; ``clear`` empties it with the kernels.
 """
 
 from __future__ import annotations
@@ -22,15 +28,20 @@ import hashlib
 import json
 import os
 import platform
+import re
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 CACHE_ENV = "FWDTRAIN_CACHE_DIR"
+LIMIT_ENV = "FWDTRAIN_CACHE_LIMIT"
+DEFAULT_LIMIT_BYTES = 1_000_000_000  # 1 GB of packages
+STALE_SECONDS = 3600.0  # a temporary file this old is a crashed compile's
 FORMAT = 2  # fwdtrain's kernel format: bump when the way graphs are called changes (2: the loop's packed carry)
 
 
@@ -91,49 +102,213 @@ def writable_temporary(path: Path) -> str:
     return name
 
 
-def stats_path() -> Path:
-    return cache_dir() / "stats.json"
+# ---------------------------------------------------------------- the cap
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
+NO_LIMIT = ("none", "unlimited")
+SIZE_FORMS = "bytes (500000000), a size with a unit (500M, 2G, 1.5GB, 512MiB) or 'none' for no cap"
 
 
-def read_stats() -> dict[str, Any]:
-    """This machine's compile record (``record_compile``); {} when none or unreadable."""
+def parse_size(text: str) -> int | None:
+    """Bytes from ``text``: a number with an optional unit, K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB
+    (powers of 1024), a trailing B optional, any case; ``"none"`` or ``"unlimited"``: None, no cap. ``0`` is a
+    cap of zero (only the package just written stays). ``ValueError`` for anything else."""
+    if text.strip().lower() in NO_LIMIT:
+        return None
+    found = _SIZE.match(text)
+    if not found:
+        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}")
+    return int(float(found.group(1)) * _UNITS[(found.group(2) or "").lower()])
+
+
+def format_size(size: float) -> str:
+    """``size`` bytes for a person: "678.0 MB" (powers of 1000, as ``parse_size`` reads them)."""
+    for unit, factor in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def limit_bytes() -> int | None:
+    """The packages' cap in bytes: ``$FWDTRAIN_CACHE_LIMIT`` (``parse_size``), else ``DEFAULT_LIMIT_BYTES``;
+    None: no cap. ``ValueError`` naming the variable, its value and the accepted forms for a bad value."""
+    text = os.environ.get(LIMIT_ENV, "")
+    if not text.strip():
+        return DEFAULT_LIMIT_BYTES
     try:
-        with open(stats_path()) as file:
-            stats = json.load(file)
-        return stats if isinstance(stats, dict) else {}
-    except (OSError, ValueError):
-        return {}
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(f"{LIMIT_ENV}={text!r} is not a size: give {SIZE_FORMS}") from None
 
 
-def write_stats(stats: dict[str, Any]) -> None:
-    """Replace this machine's record (atomically; best effort: a read-only cache only loses the record)."""
+def touch(path: str | os.PathLike[str]) -> None:
+    """Mark the package ``path`` as used now (its modification time), so that pruning keeps it longest.
+    Best effort: a package gone or a read-only cache is left as it is."""
     try:
-        path = stats_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
-        temporary.write_text(json.dumps({**stats, "torch": torch.__version__, "updated": time.time()}))
-        os.replace(temporary, path)
+        os.utime(path)
     except OSError:
         pass
 
 
-def record_compile(seconds: float, nodes: int) -> None:
-    """Remember that compiling a graph of ``nodes`` ATen operations took ``seconds`` here (best effort)."""
-    stats = read_stats()
-    entries = [e for e in stats.get("compiles", []) if isinstance(e, list) and len(e) == 2][-19:]
-    entries.append([float(seconds), int(nodes)])
-    write_stats({**stats, "compiles": entries})
+class Pruned(NamedTuple):
+    """What a prune did: packages removed and their bytes; packages left and their bytes."""
+
+    removed: int
+    freed: int
+    kept: int
+    size: int
+
+
+def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> Pruned:
+    """Remove the least recently used packages of ``cache_dir() / "kernels"`` until their total is at most
+    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*`` files older than ``STALE_SECONDS`` and
+    ``*.rejected`` packages (their bytes count in ``freed``). One scan of the folder; a file that another
+    process removed first is skipped."""
+    folder = cache_dir() / "kernels"
+    kept_name = Path(keep).name if keep is not None else None
+    packages: list[tuple[float, str, int]] = []  # (last use, name, bytes)
+    removed = freed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return Pruned(0, 0, 0, 0)
+    for entry in entries:
+        try:
+            stat = entry.stat(follow_symlinks=False)
+            if entry.name.startswith(".tmp-"):
+                if now - stat.st_mtime > STALE_SECONDS:
+                    freed += _unlink(entry.path, stat.st_size)
+            elif entry.name.endswith(".rejected"):
+                freed += _unlink(entry.path, stat.st_size)
+            elif entry.name.endswith(".pt2") and entry.is_file(follow_symlinks=False):
+                packages.append((stat.st_mtime, entry.name, stat.st_size))
+        except FileNotFoundError:
+            continue
+    size = sum(bytes_ for _, _, bytes_ in packages)
+    for _, name, bytes_ in sorted(packages):  # oldest use first
+        if limit is None or size <= limit:
+            break
+        if name == kept_name:
+            continue
+        size -= bytes_
+        if _unlink(os.path.join(folder, name), bytes_):
+            removed, freed = removed + 1, freed + bytes_
+    return Pruned(removed, freed, len(packages) - removed, size)
+
+
+def prune(keep: str | os.PathLike[str] | None = None) -> Pruned:
+    """``prune_to(limit_bytes(), keep)``: the engine's call after writing the package ``keep``. Never raises: a
+    bad ``$FWDTRAIN_CACHE_LIMIT`` is a one-line warning and the default cap applies."""
+    try:
+        limit = limit_bytes()
+    except ValueError as error:
+        warnings.warn(f"fwdtrain: {error}; using {format_size(DEFAULT_LIMIT_BYTES)}", stacklevel=2)
+        limit = DEFAULT_LIMIT_BYTES
+    try:
+        return prune_to(limit, keep)
+    except OSError:
+        return Pruned(0, 0, 0, 0)
+
+
+def _unlink(path: str, size: int) -> int:
+    """Remove ``path``; ``size`` if this call removed it, 0 if it was gone (or cannot be removed)."""
+    try:
+        os.unlink(path)
+        return size
+    except OSError:
+        return 0
+
+
+class Usage(NamedTuple):
+    """The cache folder's contents: the packages (count, bytes) and inductor's folder (bytes)."""
+
+    packages: int
+    package_bytes: int
+    inductor_bytes: int
+
+
+def usage() -> Usage:
+    """How many packages ``cache_dir()`` holds and their bytes (``.tmp-*`` and ``*.rejected`` files excluded), and
+    the bytes of ``cache_dir() / "inductor"`` (a walk of that folder)."""
+    sizes = []
+    try:
+        for entry in os.scandir(cache_dir() / "kernels"):
+            if entry.name.endswith(".pt2") and not entry.name.startswith(".tmp-"):
+                try:
+                    sizes.append(entry.stat(follow_symlinks=False).st_size)
+                except FileNotFoundError:
+                    continue
+    except OSError:
+        pass
+    return Usage(len(sizes), sum(sizes), _folder_bytes(cache_dir() / "inductor"))
+
+
+def clear() -> Usage:
+    """Remove every package and inductor's caches and the route markers (``kernels/``, ``inductor/`` and
+    ``routes/``); what this call removed (a file another process removed first is not counted). Not
+    while a process of this cache is compiling: its compile would fail."""
+    removed = [0, 0, 0]  # packages, their bytes (with leftovers of kernels/), inductor's bytes
+    for which, folder in ((1, cache_dir() / "kernels"), (2, cache_dir() / "inductor"), (2, cache_dir() / "routes")):
+        for root, folders, files in os.walk(folder, topdown=False):
+            links = [name for name in folders if os.path.islink(os.path.join(root, name))]
+            for name in files + links:
+                path = os.path.join(root, name)
+                try:
+                    size = os.lstat(path).st_size
+                except OSError:
+                    continue
+                if _unlink(path, 1):
+                    removed[which] += size
+                    if which == 1 and name.endswith(".pt2") and not name.startswith(".tmp-"):
+                        removed[0] += 1
+            for name in set(folders) - set(links):
+                _rmdir(os.path.join(root, name))
+        _rmdir(str(folder))
+    return Usage(*removed)
+
+
+def _folder_bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` (0 when there is none)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _rmdir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 __all__ = [
     "CACHE_ENV",
+    "DEFAULT_LIMIT_BYTES",
     "FORMAT",
+    "LIMIT_ENV",
+    "NO_LIMIT",
+    "SIZE_FORMS",
+    "STALE_SECONDS",
+    "Pruned",
+    "Usage",
     "cache_dir",
+    "clear",
+    "format_size",
     "kernel_key",
+    "limit_bytes",
     "machine",
     "package_path",
-    "read_stats",
-    "record_compile",
+    "parse_size",
+    "prune",
+    "prune_to",
+    "touch",
+    "usage",
     "writable_temporary",
-    "write_stats",
 ]

@@ -233,6 +233,7 @@ class _Package:
 
     def _load(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
         run = _compat.aot_load(str(self.path), self.device)
+        cache.touch(self.path)
         _COUNTS["loads"] += 1
         return run
 
@@ -247,6 +248,7 @@ class _Package:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
+        cache.prune(keep=self.path)
         _compat.record_probe(machine)
         _COUNTS["compiles"] += 1
         self.run = self._load()

@@ -133,8 +133,12 @@ def choose(cost: StepCost, steps: int, taken: int, warm: bool) -> Route:
     on = "kernel on disk" if warm else "no kernel on disk"
     counted = f"{cost.ops} ATen calls a step, {weighted} steps weighed, {on}"
     if compiled_s < eager_s:
-        return Route(True, f"{counted}: about {compiled_s:.3g} s compiled against {eager_s:.3g} s eager", eager_s, compiled_s)
-    return Route(False, f"{counted}: about {eager_s:.3g} s eager against {compiled_s:.3g} s compiled", eager_s, compiled_s)
+        return Route(
+            True, f"{counted}: about {compiled_s:.3g} s compiled against {eager_s:.3g} s eager", eager_s, compiled_s
+        )
+    return Route(
+        False, f"{counted}: about {eager_s:.3g} s eager against {compiled_s:.3g} s compiled", eager_s, compiled_s
+    )
 
 
 def fixed(compiled: bool) -> Route:

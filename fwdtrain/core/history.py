@@ -72,7 +72,7 @@ class History(NamedTuple):
 
     @property
     def route(self) -> str | None:
-        """"compiled" or "eager": how the last call's steps ran (``compiled``); None where no step was taken."""
+        """ "compiled" or "eager": how the last call's steps ran (``compiled``); None where no step was taken."""
         return None if self.compiled is None else ("compiled" if bool(self.compiled) else "eager")
 
     @property

@@ -302,7 +302,12 @@ def execute(loop: Loop) -> Run:
         interrupted = True
         loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
         loop.record_now()
-    if isinstance(loop.stepper, steppers.Auto) and loop.stepper.cost is not None and loop.route is not None and loop.route.compiled:
+    if (
+        isinstance(loop.stepper, steppers.Auto)
+        and loop.stepper.cost is not None
+        and loop.route is not None
+        and loop.route.compiled
+    ):
         route.mark_built(loop.stepper.cost)  # the next "auto" run of this step finds its kernel on disk
     previous = loop.previous
     if loop.carry.n == loop.start and previous is not None:

@@ -26,7 +26,7 @@ import torch
 from ..compile import route
 from ..compile.kernels import FunctionKernel, LoopKernel, ObservedKernel, function_kernel, loop_kernel, observed_kernel
 from ..compile.options import Compile
-from ..core._tree import leaves, tree_map
+from ..core._tree import tree_map
 from ..core.kernel import GradientReduce, StepInfo
 from ..core.state import State
 from ..problems.trainable import Schedule, Trainable
@@ -337,9 +337,7 @@ class Auto:
             compiling = self.agree(decision.compiled)
             self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
             self.chosen = (
-                compiled(s, carry.state, self.example, self.options._replace(enabled=True))
-                if compiling
-                else Eager(s)
+                compiled(s, carry.state, self.example, self.options._replace(enabled=True)) if compiling else Eager(s)
             )
             if not bool(good_rates(s.schedule(new.t), 1)):
                 return carry, carry.n + 1

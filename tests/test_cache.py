@@ -1,0 +1,229 @@
+"""The kernels' folder (``fwdtrain.compile.cache``) stays within its cap: least recently used packages go first,
+never the one just written; ``fwdtrain cache`` shows, prunes and clears it. Packages here are fake files of
+chosen sizes and modification times (the last use), except in the one slow test that compiles for real."""
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import fwdtrain as ft
+from fwdtrain import cli
+from fwdtrain.compile import cache, kernels
+
+HOUR = 3600.0
+
+
+def package(name: str, size: int, age: float = 0.0, suffix: str = ".pt2") -> Path:
+    """A fake package of ``size`` bytes last used ``age`` seconds ago."""
+    path = cache.cache_dir() / "kernels" / f"{name}{suffix}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    when = time.time() - age
+    os.utime(path, (when, when))
+    return path
+
+
+def on_disk() -> list[str]:
+    return sorted(path.name for path in (cache.cache_dir() / "kernels").iterdir())
+
+
+def test_past_the_cap_the_least_recently_used_packages_go_until_the_rest_fits(monkeypatch):
+    monkeypatch.setenv(cache.LIMIT_ENV, "2500")
+    for age, name in enumerate("edcba"):  # a is the oldest use, e the newest
+        package(name, 1000, age=10.0 * age)
+    pruned = cache.prune(keep=package("f", 1000))
+    assert on_disk() == ["e.pt2", "f.pt2"]
+    assert pruned == cache.Pruned(removed=4, freed=4000, kept=2, size=2000)
+    assert cache.prune() == cache.Pruned(0, 0, 2, 2000)  # within the cap: nothing to do
+
+
+def test_the_package_just_written_stays_even_alone_over_the_cap(monkeypatch):
+    monkeypatch.setenv(cache.LIMIT_ENV, "1k")
+    package("old", 500, age=HOUR)
+    written = package("new", 5000, age=2 * HOUR)  # an old modification time: `keep` decides, not the clock
+    assert cache.prune(keep=written).removed == 1
+    assert on_disk() == ["new.pt2"]
+
+
+def test_a_loaded_package_survives_and_an_unused_one_of_the_same_age_goes(monkeypatch):
+    monkeypatch.setenv(cache.LIMIT_ENV, "2000")
+    loaded, unused = package("loaded", 1000, age=HOUR), package("unused", 1000, age=HOUR + 1)
+    cache.touch(unused.with_name("gone.pt2"))  # a package another process removed: nothing happens
+    cache.touch(loaded)
+    cache.prune(keep=package("new", 1000))
+    assert on_disk() == ["loaded.pt2", "new.pt2"]
+
+
+def test_a_prune_clears_stale_temporaries_and_rejected_packages_and_skips_what_vanished(monkeypatch):
+    monkeypatch.setenv(cache.LIMIT_ENV, "none")
+    package(".tmp-crashed-abc", 300, age=2 * HOUR)
+    package(".tmp-compiling-def", 300, age=60.0)  # another process's compile in progress
+    package("set-aside", 200, suffix=".rejected")
+    package("kept", 100)
+    assert cache.prune() == cache.Pruned(removed=0, freed=500, kept=1, size=100)
+    assert on_disk() == [".tmp-compiling-def.pt2", "kept.pt2"]
+
+    monkeypatch.setenv(cache.LIMIT_ENV, "0")
+    real_scandir = os.scandir
+
+    def racing_scandir(folder):  # another process removes a package between the listing and its stat
+        entries = list(real_scandir(folder))
+        os.unlink(cache.cache_dir() / "kernels" / "kept.pt2")
+        return iter(entries)
+
+    monkeypatch.setattr(os, "scandir", racing_scandir)
+    assert cache.prune().removed == 0
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    os.unlink(cache.cache_dir() / "kernels" / ".tmp-compiling-def.pt2")
+    assert cache.prune_to(0) == cache.Pruned(0, 0, 0, 0)  # an empty folder, or none: nothing to do
+    os.rmdir(cache.cache_dir() / "kernels")
+    assert cache.prune_to(0) == cache.Pruned(0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", cache.DEFAULT_LIMIT_BYTES),
+        ("123456", 123456),
+        ("500M", 500_000_000),
+        ("2G", 2_000_000_000),
+        ("1.5gb", 1_500_000_000),
+        (" 512 MiB ", 512 * 2**20),
+        ("10k", 10_000),
+        ("0", 0),
+        ("none", None),
+        ("Unlimited", None),
+    ],
+)
+def test_the_cap_from_the_environment(monkeypatch, text, expected):
+    monkeypatch.setenv(cache.LIMIT_ENV, text)
+    assert cache.limit_bytes() == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "abc", "5X", "1e9", "inf", "2 G B"])
+def test_a_bad_cap_names_the_variable_its_value_and_the_accepted_forms(monkeypatch, text):
+    monkeypatch.setenv(cache.LIMIT_ENV, text)
+    with pytest.raises(ValueError) as error:
+        cache.limit_bytes()
+    message = str(error.value)
+    assert f"FWDTRAIN_CACHE_LIMIT={text!r}" in message and "500M" in message and "'none'" in message
+    package("a", 10, age=HOUR)
+    with warnings.catch_warnings(record=True) as caught:  # the engine's call warns and keeps the default cap
+        warnings.simplefilter("always")
+        assert cache.prune(keep=package("b", 10)) == cache.Pruned(0, 0, 2, 20)
+    assert len(caught) == 1 and f"FWDTRAIN_CACHE_LIMIT={text!r}" in str(caught[0].message)
+
+
+def test_the_cache_command_shows_the_folder_packages_cap_and_inductor(monkeypatch, capsys):
+    monkeypatch.setenv(cache.LIMIT_ENV, "2G")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    package("a", 1_500_000)
+    package("b", 1_000_000)
+    package(".tmp-x", 7)
+    inductor = cache.cache_dir() / "inductor" / "ab" / "cd"
+    inductor.mkdir(parents=True)
+    (inductor / "graph.so").write_bytes(b"y" * 300_000)
+    assert cli.main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"cache folder  {cache.cache_dir()}\n" in out
+    assert "packages      2, 2.5 MB" in out and "cap           2.0 GB" in out and "inductor      300.0 kB" in out
+    assert cli.main(["cache", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {
+        "folder": str(cache.cache_dir()),
+        "packages": 2,
+        "package_bytes": 2_500_000,
+        "limit_bytes": 2_000_000_000,
+        "inductor_bytes": 300_000,
+        "torchinductor_cache_dir": None,
+        "exit_status": 0,
+    }
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the user's own folder for inductor's caches
+    assert cli.main(["cache"]) == 0
+    assert "inductor writes to $TORCHINDUCTOR_CACHE_DIR=/elsewhere\n" in capsys.readouterr().out
+
+
+def test_the_cache_command_prunes_to_a_size_and_clears_everything(monkeypatch, capsys):
+    package("old", 1_000_000, age=HOUR)
+    package("new", 1_000_000)
+    assert cli.main(["cache", "--limit", "1.5M"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pruned to 1.5 MB: removed 1 package, freed 1.0 MB\n") and "packages      1, 1.0 MB" in out
+    assert on_disk() == ["new.pt2"]
+    (cache.cache_dir() / "inductor" / "fx").mkdir(parents=True)
+    (cache.cache_dir() / "inductor" / "fx" / "entry").write_bytes(b"z" * 2_000_000)
+    (cache.cache_dir() / "routes").mkdir()
+    (cache.cache_dir() / "routes" / "0123").touch()  # a route marker (fwdtrain.compile.route)
+    assert cli.main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"cleared {cache.cache_dir()}: freed 3.0 MB (1 package, 2.0 MB of inductor's caches)\n"
+    assert os.listdir(cache.cache_dir()) == []  # the route markers went with the kernels
+    assert cli.main(["cache", "--clear", "--json"]) == 0  # nothing left to clear
+    assert json.loads(capsys.readouterr().out)["freed_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["cache", "--limit", "lots"], None, "argument --limit: 'lots' is not a size"),
+        (["cache", "--clear", "--limit", "1G"], None, "not allowed with argument"),
+        (["cache"], "12Q", "FWDTRAIN_CACHE_LIMIT='12Q' is not a size"),
+    ],
+)
+def test_the_cache_command_refuses_a_bad_size_in_one_line(monkeypatch, capsys, argv, env, message):
+    if env is not None:
+        monkeypatch.setenv(cache.LIMIT_ENV, env)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwdtrain: error:") and message in err and err.count("\n") == 1, err
+    assert cli.main([*argv, "--json"]) == 2
+    assert message in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
+    """Through ``function_kernel`` with the compile stubbed (what is tested is the cache, not inductor): with a
+    cap of one package, a second kernel written removes the first; loading it again from disk marks it used."""
+
+    def fake_compile(module, example, path, options):
+        Path(path).write_bytes(b"compiled" * 100)
+
+    monkeypatch.setattr(ft._compat, "aot_compile", fake_compile)
+    monkeypatch.setattr(ft._compat, "aot_load", lambda path, device: lambda flat: [flat[0] * 2])
+    monkeypatch.setenv(cache.LIMIT_ENV, "1000")
+    x = torch.arange(3.0, dtype=torch.float64)
+    options = ft.Compile(True, verify=False)
+
+    def build(fn, key):
+        kernels.clear()
+        return ft.compile.function_kernel(fn, (x,), key=key, options=options)(x)
+
+    build(lambda x: x * 2, "first")
+    (first,) = on_disk()
+    build(lambda x: x + x, "second")
+    (second,) = on_disk()
+    assert second != first
+    old = time.time() - HOUR
+    os.utime(cache.cache_dir() / "kernels" / second, (old, old))
+    build(lambda x: x + x, "second")  # loaded from disk, not compiled
+    assert time.time() - (cache.cache_dir() / "kernels" / second).stat().st_mtime < 60
+    kernels.clear()
+
+
+@pytest.mark.slow
+def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
+    """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: only the newest stays."""
+    monkeypatch.setenv(cache.LIMIT_ENV, "1")
+    ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=2)
+    kernels.clear()
+    for particles in (2, 3):  # another shape: another kernel
+        state = ft.init(ex.sde, ex.theta, torch.zeros(particles, 1, dtype=torch.float64))
+        ft.run(ex.sde, state, 8, 0.01, ex.lr, 1, compile=True)
+        newest = max((cache.cache_dir() / "kernels").glob("*.pt2"), key=lambda path: path.stat().st_mtime_ns)
+        assert on_disk() == [newest.name]
+    assert cache.usage().packages == 1
+    kernels.clear()
