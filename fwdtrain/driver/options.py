@@ -27,7 +27,8 @@ class Checks(NamedTuple):
     Attributes:
         every: Steps between divergence checks (default 100; also at the first step, at every record and
             checkpoint, and at the end). A check looks at x, x_tilde and theta: all finite, and
-            ``max |.| <= bound`` when ``bound`` is given; it also checks alpha(t) of the schedule.
+            ``max |.| <= bound`` when ``bound`` is given. The learning rate is checked at every step: a step n
+            whose state's alpha(t_n) is not a finite number >= 0 stops the run with the state of step n - 1.
         bound: An upper bound on |x|, |x_tilde| and |theta| (None: finiteness only).
     """
 
