@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---|")
     for row in rows:
         calls = row["routes"]
-        shown = calls[0] if len(set(calls)) == 1 else f"{calls.count('eager')} eager, {calls.count('compiled')} compiled"
+        shown = (
+            calls[0] if len(set(calls)) == 1 else f"{calls.count('eager')} eager, {calls.count('compiled')} compiled"
+        )
         mark = " (extrapolated)" if row["extrapolated"] else ""
         print(
             f"| {row['case']} | {row['machine']} | {row['route']} | {row['seconds']:.1f}{mark} | {row['x_best']:.2f} | "

@@ -3,5 +3,26 @@
 The names of ``fwdtrain.problems.calibration`` at their public path.
 """
 
-from .problems.calibration import *  # noqa: F403  (the public path of every name the module exports)
-from .problems.calibration import __all__ as __all__
+from .problems.calibration import (
+    Calibration,
+    CalibrationInfo,
+    calibration,
+    check_inputs,
+    init,
+    propagate,
+    resolve_mode_for,
+    step,
+    step_with_info,
+)
+
+__all__ = [
+    "Calibration",
+    "CalibrationInfo",
+    "calibration",
+    "check_inputs",
+    "init",
+    "propagate",
+    "resolve_mode_for",
+    "step",
+    "step_with_info",
+]

@@ -3,5 +3,28 @@
 The names of ``fwdtrain.problems.ensemble`` at their public path.
 """
 
-from .problems.ensemble import *  # noqa: F403  (the public path of every name the module exports)
-from .problems.ensemble import __all__ as __all__
+from .problems.ensemble import (
+    Ensemble,
+    EnsembleNoise,
+    PerMember,
+    init,
+    member,
+    member_history,
+    rates,
+    size,
+    stack,
+    unstack,
+)
+
+__all__ = [
+    "Ensemble",
+    "EnsembleNoise",
+    "PerMember",
+    "init",
+    "member",
+    "member_history",
+    "rates",
+    "size",
+    "stack",
+    "unstack",
+]

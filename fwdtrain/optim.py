@@ -5,7 +5,7 @@ The continuous-time update dtheta = -alpha_t G_t dt, discretised, is
     theta_{n+1} = theta_n + s_n,    s_n = -alpha(t_n) h P_n(G_n, ..., G_0)
 
 where P_n is the rule's direction: G_n itself for ``sgd`` (the plain
-update, ``fwdtrain.core.kernel.descend``), a momentum trace, or Adam's/RMSprop's normalised moments.
+update, ``fwdtrain.core.step.descend``), a momentum trace, or Adam's/RMSprop's normalised moments.
 The learning rate stays the schedule alpha(t); the rule only shapes the direction.
 
 A transformation is ``GradientTransformation(init, update)``:
@@ -120,7 +120,7 @@ def scale_by_rate() -> GradientTransformation:
     """s = -(rate * P), rate = alpha(t_n) h multiplied first, each leaf kept in the direction's dtype.
 
     alpha(t_n) from a schedule is float64 like the clock; the cast stops it
-    promoting a 0-d float32 leaf (the same arithmetic as ``fwdtrain.core.kernel.descend``).
+    promoting a 0-d float32 leaf (the same arithmetic as ``fwdtrain.core.step.descend``).
     """
 
     def init(theta: PyTree) -> EmptyState:
@@ -415,7 +415,7 @@ def check_opt_state(
     optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree, name: str = "state.opt_state"
 ) -> None:
     """Raise ``ValueError`` unless ``opt_state`` has the structure, shapes and dtypes of ``optimizer.init(theta)``
-    (``()`` for ``optimizer`` None: the plain update ``fwdtrain.core.kernel.descend``). Checks structure only, so it
+    (``()`` for ``optimizer`` None: the plain update ``fwdtrain.core.step.descend``). Checks structure only, so it
     runs inside the user's transforms too."""
     if optimizer is not None and not isinstance(optimizer, GradientTransformation):
         raise TypeError(

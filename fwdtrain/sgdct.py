@@ -3,5 +3,24 @@
 The names of ``fwdtrain.problems.sgdct`` at their public path.
 """
 
-from .problems.sgdct import *  # noqa: F403  (the public path of every name the module exports)
-from .problems.sgdct import __all__ as __all__
+from .problems.sgdct import (
+    DriftEstimation,
+    SGDCTInfo,
+    SGDCTState,
+    as_state,
+    check_inputs,
+    init,
+    step,
+    step_with_info,
+)
+
+__all__ = [
+    "DriftEstimation",
+    "SGDCTInfo",
+    "SGDCTState",
+    "as_state",
+    "check_inputs",
+    "init",
+    "step",
+    "step_with_info",
+]

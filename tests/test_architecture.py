@@ -171,8 +171,8 @@ PUBLIC_PATHS = (
 # The layers, from the ground up: a module imports only from its own package or from packages on lower floors.
 LAYERS = (
     ("fwdtrain._compat", "fwdtrain.optim"),  # torch workarounds; update rules (no fwdtrain imports)
-    ("fwdtrain.core",),  # the maths: problem, state, sensitivity, solvers, kernel, noise, schedules, history
-    ("fwdtrain.compile",),  # compiled kernels, their cache and the compile policy
+    ("fwdtrain.core",),  # the maths: problem, state, sensitivity, solvers, the step, noise, schedules, history
+    ("fwdtrain.compile",),  # compiled kernels, their cache and the route rule
     ("fwdtrain.problems",),  # what is trained: the Trainable protocol, cost form, calibration, SGDCT, ensembles
     ("fwdtrain.driver",),  # the run: options, hooks, the loop, checkpoints
     ("fwdtrain.distributed", "fwdtrain.examples", "fwdtrain.plotting"),

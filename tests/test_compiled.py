@@ -236,7 +236,7 @@ def test_cache_folder_is_the_user_cache_dir_never_the_working_directory(monkeypa
 
 
 def test_the_loop_kernel_equals_its_eager_meaning():
-    """``graphs.Loop`` run eagerly (no compiler) is ``run_steps``: count steps from start, carry in, carry out."""
+    """``graphs.StepLoop`` run eagerly (no compiler) is ``run_steps``: count steps from start, carry in, carry out."""
     ex, state = small_problem()
     plan = Plan("reverse", "structured")
     noise = torch.randn(8, PARTICLES, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
@@ -248,7 +248,7 @@ def test_the_loop_kernel_equals_its_eager_meaning():
 
     carry = (state, torch.zeros((), dtype=torch.float64))
     traced = ft.compile.graphs.trace(step, (carry, (noise[0], alphas[0])))
-    loop = ft.compile.graphs.Loop(traced.graph, 2)
+    loop = ft.compile.graphs.StepLoop(traced.graph, 2)
     flat = loop(torch.tensor(5), torch.tensor(2), noise, alphas, *leaves(carry))
     expected = ft.compile.graphs.run_steps(step, 5, 2, (noise, alphas), carry)
     assert_trees_close(list(flat), expected)

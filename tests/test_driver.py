@@ -266,7 +266,7 @@ class _Decay(ft.problems.Trainable):
 
     def propagate(self, state, dw, dt, plan):
         gradient = {"a": state.theta["a"] - dw.mean()}
-        return state._replace(x=dw), ft.core.kernel.StepInfo(gradient["a"].square(), gradient)
+        return state._replace(x=dw), ft.core.step.StepInfo(gradient["a"].square(), gradient)
 
     def record(self, state):
         return state.theta["a"]

@@ -11,7 +11,7 @@ from torch.func import jacrev, vmap
 
 import fwdtrain as ft
 from fwdtrain.core.evaluate import average_cost
-from fwdtrain.core.kernel import draw_events
+from fwdtrain.core.step import draw_events
 from fwdtrain.examples import jump_linear_cost, jump_lqr, jump_lqr_sde, jump_optimal_gain
 
 D64 = torch.float64
@@ -89,8 +89,8 @@ def controlled_theta() -> dict:
 @pytest.mark.parametrize("rate", ["constant", "varying"])
 @pytest.mark.parametrize("mode", ["reverse", "forward"])
 def test_the_structured_route_differentiates_the_jump_terms_as_the_generic_one(rate, mode):
-    from fwdtrain.core.kernel import particle_terms
     from fwdtrain.core.sensitivity import Plan
+    from fwdtrain.core.step import particle_terms
 
     sde, theta = controlled_jump_sde(rate), controlled_theta()
     x = torch.tensor([[0.5, -0.3], [0.1, 0.9], [-1.2, 0.4]], dtype=D64)

@@ -5,7 +5,7 @@ import torch
 from torch.func import grad, jacfwd, vmap
 
 from fwdtrain import optim
-from fwdtrain.core.kernel import descend
+from fwdtrain.core.step import descend
 
 F64 = torch.float64
 

@@ -1,7 +1,7 @@
 """The optimisers of ``fwdtrain.optim`` in training: the state carries opt_state and the running average,
 the rule is bound to the problem side, and everything stays bitwise, resumable and transformable.
 
-Every check compares against something computed another way: the plain update (``fwdtrain.core.kernel.descend``),
+Every check compares against something computed another way: the plain update (``fwdtrain.core.step.descend``),
 a run without a checkpoint, a direct mean of recorded iterates, central differences or a Python loop.
 """
 
@@ -15,7 +15,7 @@ from torch.func import grad, vmap
 import fwdtrain as ft
 from fwdtrain import calibration, cli, examples, optim, sgdct
 from fwdtrain.core._tree import leaves, squared_norm
-from fwdtrain.core.kernel import descend
+from fwdtrain.core.step import descend
 from fwdtrain.examples import linear_slope
 
 F64 = torch.float64

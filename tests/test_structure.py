@@ -8,9 +8,9 @@ from torch.func import jacfwd
 import fwdtrain as ft
 import fwdtrain._compat
 from fwdtrain.core._tree import leaves, tree_map
-from fwdtrain.core.kernel import propagate
 from fwdtrain.core.problem import check_noise_type
 from fwdtrain.core.sensitivity import Plan, control_sensitivity, linearise_particles
+from fwdtrain.core.step import propagate
 from fwdtrain.problems import CostForm
 
 F64 = torch.float64

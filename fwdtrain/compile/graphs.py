@@ -5,7 +5,7 @@ every ``torch.func`` transform inside (vmap, vjp, jacfwd) is resolved into plain
 so the graph can be compiled without dynamo, exported and kept on disk. Tensors the user's
 functions close over become constants of the graph (and part of its key, ``cache.kernel_key``).
 
-``Loop(step_graph)`` is the module that AOTInductor compiles for a run: ``count`` steps of the
+``StepLoop(step_graph)`` is the module that AOTInductor compiles for a run: ``count`` steps of the
 traced step, ``carry = step(carry, inputs[start + i])`` for i < count, as a ``while_loop`` whose
 loop runs in the compiled C++ wrapper (no Python between steps), the inputs of a whole noise
 block passed at once, and ``count`` and ``start`` plain tensors: one compiled kernel takes every
@@ -119,7 +119,7 @@ class Packing(NamedTuple):
         return tuple(buffers[b][offset : offset + n].reshape(shape) for b, offset, n, shape in self.places)
 
 
-class Loop(torch.nn.Module):
+class StepLoop(torch.nn.Module):
     """``forward(count, start, *input_leaves, *carry_leaves) -> carry_leaves``: ``run_steps`` of a traced step.
 
     ``step_graph`` takes (*carry_leaves, *one_step_input_leaves) and returns the new carry leaves. With
@@ -177,18 +177,19 @@ def run_observed(
 
 
 def loop_code() -> str:
-    """A digest of the code that wraps a traced step into its loop (``Loop``, ``ObservedLoop``, ``Packing``): part
-    of every loop kernel's key, so that a package built by another version of the wrapper is never loaded."""
+    """A digest of the code that wraps a traced step into its loop (``StepLoop``, ``ObservedStepLoop``,
+    ``Packing``): part of every loop kernel's key, so that a package built by another version of the wrapper is
+    never loaded."""
     return _loop_code()
 
 
 @functools.cache
 def _loop_code() -> str:
-    source = inspect.getsource(Loop) + inspect.getsource(ObservedLoop) + inspect.getsource(Packing)
+    source = inspect.getsource(StepLoop) + inspect.getsource(ObservedStepLoop) + inspect.getsource(Packing)
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-class ObservedLoop(Loop):
+class ObservedStepLoop(StepLoop):
     """``forward(stops, n_stops, start, *input_leaves, *carry_leaves) -> (*carry_leaves, *observation_buffers)``:
     ``run_observed`` of a traced step and a traced observation, in one compiled call.
 
@@ -387,10 +388,10 @@ def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
 
 
 __all__ = [
-    "Loop",
-    "ObservedLoop",
+    "ObservedStepLoop",
     "Packing",
     "StepFn",
+    "StepLoop",
     "Traced",
     "loop_code",
     "run_observed",

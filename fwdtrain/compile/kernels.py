@@ -269,7 +269,7 @@ def _restrided(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 
 
 def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1) -> tuple[_Package, Any]:
-    """Trace ``step`` once and wrap it in ``graphs.Loop`` (``unroll`` steps per iteration); (its package, the
+    """Trace ``step`` once and wrap it in ``graphs.StepLoop`` (``unroll`` steps per iteration); (its package, the
     carry's pytree spec)."""
     example_step = optree.tree_map(lambda block: block[0], inputs)
     traced = _simplified(graphs.trace(step, (carry, example_step)), unfold=True)
@@ -281,7 +281,9 @@ def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1)
     key = cache.kernel_key(
         traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}-{graphs.loop_code()}"
     )
-    module = graphs.Loop(traced.graph, len(input_leaves), unroll)  # the traced step takes (carry leaves, input leaves)
+    module = graphs.StepLoop(
+        traced.graph, len(input_leaves), unroll
+    )  # the traced step takes (carry leaves, input leaves)
     return _Package(module, example, key, options, traced.nodes), carry_spec
 
 
@@ -451,7 +453,7 @@ class ObservedKernel(LoopKernel):
             options,
             f"observed-loop-unroll-{unroll}-{graphs.loop_code()}",
         )
-        module = graphs.ObservedLoop(step.graph, observe.graph, len(input_leaves), unroll)
+        module = graphs.ObservedStepLoop(step.graph, observe.graph, len(input_leaves), unroll)
         return _Package(module, example, key, options, step.nodes + observe.nodes), carry_spec
 
     def stacked(self, seen: list[Any]) -> Any:

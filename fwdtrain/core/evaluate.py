@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from . import _checks
-from .kernel import move
 from .problem import SDE
 from .sensitivity import Theta
 from .solvers import Solver, as_solver
+from .step import move
 
 
 def frozen_step(

@@ -37,7 +37,7 @@ from .. import _compat
 from ._tree import leaves_with_paths, size
 from .jumps import Jumps, likelihood
 from .sensitivity import (
-    ROUTES,
+    SENSITIVITY_ROUTES,
     Coefficients,
     Plan,
     Terms,
@@ -202,8 +202,8 @@ class SDE:
         """The mode ("auto": reverse when n <= p outputs than parameters, else forward) and route at x (d,);
         an SDE that is not a ``ControlledSDE`` has the generic route only (``route`` is then ignored). An
         SDE with jumps counts its event terms (``JUMP_NAMES``) among the outputs."""
-        if route not in ROUTES:
-            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if route not in SENSITIVITY_ROUTES:
+            raise ValueError(f"route must be one of {SENSITIVITY_ROUTES}, got {route!r}")
         if self.jumps is not None:
             extra = ("jump",) if self.jumps.constant else JUMP_NAMES
             names = names + tuple(n for n in extra if n not in names)

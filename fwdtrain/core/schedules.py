@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from ._checks import is_concrete
 
-Schedule = Callable[[torch.Tensor], torch.Tensor]
+Schedule = Callable[[torch.Tensor], Any]  # t -> alpha(t); the built-in ones return tensors shaped like t
 Parameter = float | torch.Tensor
 
 

@@ -50,8 +50,8 @@ TermsFn = Callable[[Theta, torch.Tensor], Terms]
 
 Mode = Literal["auto", "reverse", "forward"]
 MODES: tuple[str, ...] = get_args(Mode)
-Route = Literal["auto", "structured", "generic"]
-ROUTES: tuple[str, ...] = get_args(Route)
+SensitivityRoute = Literal["auto", "structured", "generic"]
+SENSITIVITY_ROUTES: tuple[str, ...] = get_args(SensitivityRoute)
 
 
 class Coefficients(NamedTuple):
@@ -374,7 +374,7 @@ def linearise(
     x: torch.Tensor,
     x_tilde: Any,
     mode: str = "reverse",
-    route: Route = "auto",
+    route: SensitivityRoute = "auto",
 ) -> Linearisation:
     """Coefficients of one particle x (d,) and their total derivatives along x_tilde (leaf s -> (d, *s)); for
     N particles x (N, d) and x_tilde leaves (N, d, *s), shared theta, one ``vmap`` (every tensor gains a
@@ -385,8 +385,8 @@ def linearise(
     ``mode`` is "reverse" or "forward". Returns ``Linearisation(Coefficients, Coefficients)``;
     ``total.sigma`` is None for a diffusion declared additive.
     """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if route not in SENSITIVITY_ROUTES:
+        raise ValueError(f"route must be one of {SENSITIVITY_ROUTES}, got {route!r}")
     if mode not in ("reverse", "forward"):
         raise ValueError(f"mode must be 'reverse' or 'forward', got {mode!r}")
     if x.ndim == 2:
@@ -427,12 +427,12 @@ linearise_particles = linearise  # the same function: x (N, d) and x_tilde leave
 
 __all__ = [
     "MODES",
-    "ROUTES",
+    "SENSITIVITY_ROUTES",
     "Coefficients",
     "Linearisation",
     "Mode",
     "Plan",
-    "Route",
+    "SensitivityRoute",
     "Terms",
     "columns",
     "control_rows",

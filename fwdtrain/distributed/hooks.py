@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..core._tree import squared_norm, tree_map
-from ..driver.hooks import Hook, Loop
+from ..driver.hooks import Hook, RunView
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
 from .group import GroupError, all_reduce, broadcast, group_mean, is_initialized, print_main, world_size
 from .reduce import GradientMean
@@ -54,11 +54,11 @@ class GroupHook(Hook):
         refuses ranks whose thetas differ."""
         return bool(broadcast(torch.tensor(float(choice))))
 
-    def start(self, loop: Loop) -> None:
+    def start(self, loop: RunView) -> None:
         self.last = (loop.carry.n, loop.carry.total)
         self._agree(loop, OK)
 
-    def _agree(self, loop: Loop, code: int, cause: BaseException | None = None, at: int | None = None) -> None:
+    def _agree(self, loop: RunView, code: int, cause: BaseException | None = None, at: int | None = None) -> None:
         """One ``check_group`` at the loop's step (or, for a failed rank, with its last agreed state at step
         ``at``); on ``GroupError`` the last agreed state and history go with it."""
         carry, (good, noise) = loop.carry, loop.good
@@ -75,7 +75,7 @@ class GroupHook(Hook):
             raise stop from cause
         self.last, self.cost = (carry.n, carry.total), status.cost
 
-    def checked(self, loop: Loop, ok: torch.Tensor) -> torch.Tensor:
+    def checked(self, loop: RunView, ok: torch.Tensor) -> torch.Tensor:
         if ok.ndim:  # members: a member runs on where it runs on every rank
             ok = _group_all(ok)
         passed = bool(ok.all()) if ok.ndim == 0 else bool(ok.any())
@@ -87,7 +87,7 @@ class GroupHook(Hook):
         cost, average = group_mean((values["cost"], values["average_cost"]), self.weight, what="the cost history")
         return {**values, "cost": cost, "average_cost": average}
 
-    def at(self, loop: Loop) -> None:
+    def at(self, loop: RunView) -> None:
         carry = loop.carry
         norm = float(squared_norm(carry.info.gradient).sqrt()) if carry.info is not None else float("nan")
         print_main(
@@ -95,7 +95,7 @@ class GroupHook(Hook):
             f"|G| {norm:.3e}  ranks {world_size()}"
         )
 
-    def failed(self, loop: Loop, error: BaseException) -> None:
+    def failed(self, loop: RunView, error: BaseException) -> None:
         if isinstance(error, GroupError):
             return
         code = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED

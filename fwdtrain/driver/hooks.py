@@ -37,7 +37,7 @@ from ..core.state import State
 from .checkpoint import save as save_checkpoint
 
 
-class Loop(Protocol):
+class RunView(Protocol):
     """What a hook sees of the running loop (``fwdtrain.driver.loop.Loop``)."""
 
     carry: Any  # (state, n, total, info) where the loop stands
@@ -71,7 +71,7 @@ class Hook:
     reduces_gradient = False
     needs_record = False  # its ``at`` steps are also checked and recorded (a checkpoint saves a checked state)
 
-    def start(self, loop: Loop) -> None:
+    def start(self, loop: RunView) -> None:
         """Before the first step."""
 
     def reduce(self, gradient: Any) -> Any:
@@ -83,7 +83,7 @@ class Hook:
         (a group: rank 0's, on every rank)."""
         return choice
 
-    def checked(self, loop: Loop, ok: torch.Tensor) -> torch.Tensor:
+    def checked(self, loop: RunView, ok: torch.Tensor) -> torch.Tensor:
         """After a divergence check of ``loop.carry.state``: ``ok`` the flags (0-d, or (E,) per member) that the
         loop acts on, returned as they are or combined (a group: passed on every rank)."""
         return ok
@@ -92,13 +92,13 @@ class Hook:
         """A record's {"cost", "average_cost"} before it is kept."""
         return values
 
-    def at(self, loop: Loop) -> None:
+    def at(self, loop: RunView) -> None:
         """At every multiple of ``every`` steps."""
 
-    def failed(self, loop: Loop, error: BaseException) -> None:
+    def failed(self, loop: RunView, error: BaseException) -> None:
         """A step raised ``error`` (KeyboardInterrupt included); raise to replace it."""
 
-    def end(self, loop: Loop, interrupted: bool) -> None:
+    def end(self, loop: RunView, interrupted: bool) -> None:
         """After the last step (or an interrupt)."""
 
 
@@ -118,7 +118,7 @@ class Callback(Hook):
             raise TypeError(f"Callback(fn, every) needs a function (n, state) -> None, got {type(fn).__name__}")
         self.fn, self.every = fn, _checks.check_count(every, "Callback(every=...)")
 
-    def at(self, loop: Loop) -> None:
+    def at(self, loop: RunView) -> None:
         self.fn(loop.carry.n, loop.visible())
 
     def __repr__(self) -> str:
@@ -177,7 +177,7 @@ class Progress(Hook):
         self.shown, self.told = False, False  # the bar is open; the route's line is written
         self.bar: Any = None  # a tqdm bar, or None for the carriage-return line
 
-    def start(self, loop: Loop) -> None:
+    def start(self, loop: RunView) -> None:
         self.shown, self.told = progress_enabled(self.enabled) and loop.end > loop.carry.n, False
         if not self.shown:
             return
@@ -194,7 +194,7 @@ class Progress(Hook):
         else:
             self.bar = tqdm(total=self.total, unit="step", file=sys.stderr, smoothing=0.1)
 
-    def at(self, loop: Loop) -> None:
+    def at(self, loop: RunView) -> None:
         if not self.shown:
             return
         if not self.told and loop.route is not None:  # one line: the route the run takes, and why
@@ -214,7 +214,7 @@ class Progress(Hook):
             self.bar.update(n - self.last)
         self.last = n
 
-    def end(self, loop: Loop, interrupted: bool) -> None:
+    def end(self, loop: RunView, interrupted: bool) -> None:
         if not self.shown:
             return
         self.at(loop)
@@ -290,14 +290,14 @@ class Checkpointing(Hook):
         self.path, self.metadata, self.save = path, metadata, save
         self.every = None if every is None else _checks.check_count(every, "Checkpointing(every=...)")
 
-    def start(self, loop: Loop) -> None:
+    def start(self, loop: RunView) -> None:
         probe(self.path)
 
-    def at(self, loop: Loop) -> None:
+    def at(self, loop: RunView) -> None:
         if loop.carry.n != loop.end:  # the end writes its own, after the last record
             self.write(loop.carry.state, loop.history())
 
-    def end(self, loop: Loop, interrupted: bool) -> None:
+    def end(self, loop: RunView, interrupted: bool) -> None:
         self.write(loop.carry.state, loop.history(interrupted=interrupted))
 
     def write(self, state: State, history: History | None) -> None:

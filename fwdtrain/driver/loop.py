@@ -26,9 +26,10 @@ from ..core._tree import tree_map as optree_map
 from ..core.errors import DivergenceError
 from ..core.history import History, Record, Records, build, empty_records, last_step
 from ..core.noise import Noise
+from ..core.schedules import Schedule
 from ..core.state import State
 from ..optim import Average
-from ..problems.trainable import Schedule, Trainable
+from ..problems.trainable import Trainable
 from .hooks import Hook
 from .options import Checks, SaveAt
 from .steppers import Auto, Carry, Compiled, Eager, Stepping

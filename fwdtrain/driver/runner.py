@@ -17,10 +17,10 @@ from ..compile import route
 from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
-from ..core.kernel import GradientReduce, LearningRate
 from ..core.noise import NoiseLike
 from ..core.solvers import Solver
 from ..core.state import State
+from ..core.step import GradientReduce, LearningRate
 from ..optim import GradientTransformation
 from ..problems.cost import as_trainable
 from ..problems.trainable import Trainable

@@ -27,9 +27,10 @@ from ..compile import route
 from ..compile.kernels import FunctionKernel, LoopKernel, ObservedKernel, function_kernel, loop_kernel, observed_kernel
 from ..compile.options import Compile
 from ..core._tree import tree_map
-from ..core.kernel import GradientReduce, StepInfo
+from ..core.schedules import Schedule
 from ..core.state import State
-from ..problems.trainable import Schedule, Trainable
+from ..core.step import GradientReduce, StepInfo
+from ..problems.trainable import Trainable
 
 
 class Carry(NamedTuple):

@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..core.kernel import LearningRate
 from ..core.problem import SDE
 from ..core.state import State, init
+from ..core.step import LearningRate
 
 
 class Example(NamedTuple):

@@ -33,12 +33,12 @@ import torch
 
 from ..core import _checks
 from ..core._tree import size, tree_map
-from ..core.kernel import LearningRate, StepInfo, learning_rate, particle_terms
 from ..core.problem import SDE
 from ..core.sensitivity import MODES, Mode, Plan, Theta, resolve_mode
 from ..core.solvers import EULER, Solver, as_solver
 from ..core.state import State, noise_dim
 from ..core.state import init as init_state
+from ..core.step import LearningRate, StepInfo, learning_rate, particle_terms
 from ..optim import GradientTransformation
 from .cost import check_solver, check_step_inputs, nonfinite_part
 from .trainable import Trainable

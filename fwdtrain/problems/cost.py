@@ -19,11 +19,11 @@ from torch.func import vmap
 
 from ..core import _checks
 from ..core._tree import leaves
-from ..core.kernel import StepInfo, propagate
 from ..core.problem import SDE
 from ..core.sensitivity import Plan
 from ..core.solvers import EULER, Solver
 from ..core.state import State, evaluate_once, noise_dim
+from ..core.step import StepInfo, propagate
 from ..optim import GradientTransformation, check_average, check_opt_state
 from .trainable import Trainable
 

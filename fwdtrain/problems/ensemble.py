@@ -34,14 +34,15 @@ from torch.func import vmap
 from ..core import _checks
 from ..core._tree import leaves, leaves_with_paths, squared_norm, tree_map
 from ..core.history import FIELDS, History
-from ..core.kernel import StepInfo
 from ..core.noise import BrownianNoise, NoiseLike, stream_at
+from ..core.schedules import Schedule
 from ..core.solvers import Solver
 from ..core.state import State
 from ..core.state import init as _init_member
+from ..core.step import StepInfo
 from ..optim import GradientTransformation
 from .cost import as_trainable
-from .trainable import Schedule, Trainable
+from .trainable import Trainable
 
 Tree = Any
 

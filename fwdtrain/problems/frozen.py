@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from ..core._tree import tree_map
-from ..core.kernel import StepInfo, move
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
 from ..core.state import State, noise_dim
+from ..core.step import StepInfo, move
 from .trainable import Trainable
 
 

@@ -33,11 +33,11 @@ import torch
 from ..core import _checks
 from ..core._tree import flatten, leaves, tree_map, unflatten
 from ..core.jumps import Jumps
-from ..core.kernel import Events, StepInfo, draw_events, particle_terms
 from ..core.noise import Noise, NoiseLike, TensorNoise
 from ..core.problem import SDE
 from ..core.solvers import EULER
 from ..core.state import State, init
+from ..core.step import Events, StepInfo, draw_events, particle_terms
 from ..optim import GradientTransformation
 from .cost import check_training_state
 from .trainable import Trainable

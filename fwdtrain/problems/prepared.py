@@ -30,11 +30,11 @@ from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core._tree import flatten, unflatten
 from ..core._tree import leaves as leaves_of
-from ..core.kernel import LearningRate, StepInfo, learning_rate
 from ..core.problem import SDE
 from ..core.sensitivity import MODES, Mode, Plan
 from ..core.solvers import Solver, as_solver
 from ..core.state import State
+from ..core.step import LearningRate, StepInfo, learning_rate
 from ..optim import GradientTransformation
 from .cost import CostForm, check_fit, check_solver, check_step_inputs, explain_failure
 from .vmapped import batched_call

@@ -25,11 +25,11 @@ from torch.func import vjp, vmap
 
 from ..core import _checks
 from ..core._tree import tree_map
-from ..core.kernel import LearningRate, StepInfo, learning_rate
 from ..core.noise import Noise, NoiseLike, TensorNoise
 from ..core.problem import SDE
 from ..core.sensitivity import Theta
 from ..core.state import State, evaluate_once
+from ..core.step import LearningRate, StepInfo, learning_rate
 from ..optim import GradientTransformation
 from .cost import check_training_state
 from .trainable import Trainable

@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 
 from ..core._tree import leaves, norm, peak
-from ..core.kernel import GradientReduce, LearningRate, StepInfo, update_parameters
 from ..core.noise import BrownianNoise, Noise, NoiseLike, as_noise
+from ..core.schedules import Schedule
 from ..core.solvers import Solver, as_solver
 from ..core.state import State
+from ..core.step import GradientReduce, LearningRate, StepInfo, update_parameters
 from ..optim import GradientTransformation
-
-Schedule = Callable[[torch.Tensor], Any]
 
 
 class Trainable(abc.ABC):
@@ -68,7 +67,7 @@ class Trainable(abc.ABC):
 
     # ---- what the base class gives ----
     def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
-        """theta, opt_state, t and average at n + 1 from G_n (``core.kernel.update_parameters``, the bound rule)."""
+        """theta, opt_state, t and average at n + 1 from G_n (``core.step.update_parameters``, the bound rule)."""
         return update_parameters(moved, gradient, alpha, dt, self.optimizer)
 
     def advance(
@@ -159,4 +158,4 @@ class Trainable(abc.ABC):
         return None
 
 
-__all__ = ["Schedule", "Trainable"]
+__all__ = ["Trainable"]

@@ -21,8 +21,8 @@ from ..compile.kernels import function_kernel
 from ..compile.options import Compile
 from ..core import _checks
 from ..core._tree import flatten, tree_map, unflatten
-from ..core.kernel import LearningRate, StepInfo, learning_rate
 from ..core.state import State
+from ..core.step import LearningRate, StepInfo, learning_rate
 from .cost import CostForm
 
 

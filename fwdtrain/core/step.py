@@ -1,4 +1,4 @@
-"""The kernel: one unchecked, pure step of the training state (X, Xtilde, theta, t), right-hand sides at time n.
+"""One unchecked, pure step of the training state (X, Xtilde, theta, t), right-hand sides at time n.
 
     X_{n+1}, Xtilde_{n+1} = Phi(X_n, theta_n, dW_n, h) and its sensitivity    (the solver, ``solvers``)
     theta_{n+1}           = theta_n - alpha(t_n) h G_n,   G_n = mean_i D c(X_n^i)  (or theta_n + s_n of a rule)
