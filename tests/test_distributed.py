@@ -718,12 +718,11 @@ class _RouteSeen(ft.driver.hooks.Hook):
 
 
 def _auto_worker(particles: int):
-    """compile="auto" where the ranks' own measurements disagree: rank 0's policy says compile, rank 1's says stay
-    eager (timings on a shared machine can fall either side of the threshold)."""
-    from fwdtrain.compile import policy
+    """compile="auto" where the ranks' own rules disagree: rank 0's says compile, rank 1's says stay eager (their
+    caches can differ: a kernel on one rank's disk and not on the other's)."""
+    from fwdtrain.compile import route
 
-    policy.worth_tracing = lambda *args: D.rank() == 0
-    policy.decide = lambda *args, **kwargs: policy.Decision(D.rank() == 0, 1.0, 0.0)
+    route.choose = lambda *args: route.Route(D.rank() == 0, "this rank's rule")
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
     seen = _RouteSeen()
