@@ -334,9 +334,12 @@ class Kernel:
         self.package = None
         self.compiled = _DynamoOrEager(self.compilable, self.options, self.what)
 
-    def _run(self, flat: list[torch.Tensor], probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]) -> Any | None:
-        """The package's outputs on ``flat`` (unflattened); None when there is no package (call ``compiled``).
-        ``probe()`` gives (flat inputs, the eager function's output leaves) to check a package loaded from disk."""
+    def _checked_run(
+        self, probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]
+    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
+        """The package's ``run``, loaded or built; a package loaded from disk is checked once against ``probe()``
+        ((flat inputs, the eager function's output leaves)) and set aside and rebuilt when it is off. None where
+        there is no package or it cannot be readied (then ``_fall_back`` has run)."""
         if self.package is None:
             return None
         try:
@@ -355,6 +358,13 @@ class Kernel:
                     )
                     self.package.set_aside()
                     run = self.package.ready()
+        return run
+
+    def _run(self, flat: list[torch.Tensor], probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]) -> Any | None:
+        """The package's outputs on ``flat`` (unflattened); None when there is no package (call ``compiled``)."""
+        run = self._checked_run(probe)
+        if run is None or self.package is None:
+            return None
         return optree.tree_unflatten(self.out_spec, run(self.package.fits(flat)))
 
     def flat_runner(self, flat: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
@@ -487,24 +497,9 @@ class ObservedKernel(LoopKernel):
             ]
             return flat(1), [*optree.tree_leaves(end), *tables]
 
-        if self.package is None:
+        run = self._checked_run(probe)
+        if run is None or self.package is None:
             return None
-        try:
-            run = self.package.ready()
-        except Exception:
-            self.failed, self.package = True, None
-            return None
-        if not self.checked:
-            self.checked = True
-            if self.package.loaded_from_disk:
-                inputs_, expected = probe()
-                if not _close(run(self.package.fits(inputs_)), expected):
-                    _warn(
-                        f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
-                        f"rebuilding it"
-                    )
-                    self.package.set_aside()
-                    run = self.package.ready()
         out = run(self.package.fits(flat(len(stops))))
         assert self.observed_packing is not None
         n_carry = len(optree.tree_leaves(carry))

@@ -133,13 +133,12 @@ class Solver(abc.ABC):
 
     ``mode`` says how the total derivatives are computed: "reverse" (one pullback per output number),
     "forward" (one pass per parameter) or "auto" (the one with fewer passes). ``names`` are the terms
-    the step needs at time n; ``stages`` the linearisations per step.
+    the step needs at time n.
     """
 
     mode: str = "auto"
     name: ClassVar[str] = "solver"
     summary: ClassVar[str] = ""  # one line for the command line's help
-    stages: ClassVar[int] = 1
     names: ClassVar[tuple[str, ...]] = NAMES
     takes_jumps: ClassVar[bool] = False  # whether the scheme adds the ``jump`` term an SDE with jumps gives it
 
@@ -239,7 +238,6 @@ class Heun(Solver):
 
     name: ClassVar[str] = "heun"
     summary: ClassVar[str] = "predictor-corrector (weak order 2; a diffusion that does not depend on x)"
-    stages: ClassVar[int] = 2
 
     def check(self, sde: Any, theta: Any, x0: torch.Tensor) -> None:
         super().check(sde, theta, x0)

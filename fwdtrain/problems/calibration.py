@@ -24,7 +24,6 @@ included).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -67,10 +66,6 @@ class Calibration(Trainable):
     weights: torch.Tensor
     solver: Solver = EULER
     optimizer: GradientTransformation | None = None
-
-    def with_optimizer(self, optimizer: GradientTransformation | None) -> Calibration:
-        """This calibration updated by ``optimizer`` (its state in ``State.opt_state``)."""
-        return dataclasses.replace(self, optimizer=optimizer)
 
     # ---- the Trainable interface ----
     def check(self, state: State, dt: Any, lr: Any) -> None:

@@ -329,10 +329,6 @@ class Ensemble(Trainable):
         object.__setattr__(self, "problem", as_trainable(self.problem))
 
     @property
-    def member_problem(self) -> Trainable:
-        return self.problem
-
-    @property
     def optimizer(self) -> GradientTransformation | None:  # type: ignore[override]
         return self.problem.optimizer
 
@@ -343,7 +339,7 @@ class Ensemble(Trainable):
         return Ensemble(self.problem.configure(solver, optimizer), self.size, self.seeds)
 
     def with_optimizer(self, optimizer: GradientTransformation | None) -> Ensemble:
-        return self.configure(optimizer=optimizer)
+        return Ensemble(self.problem.with_optimizer(optimizer), self.size, self.seeds)
 
     def check_state(self, state: State) -> None:
         """Every leaf of ``state`` has the leading member axis E = ``size``."""

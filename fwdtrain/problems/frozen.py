@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from ..core._tree import tree_map
+from ..core.evaluate import frozen_step
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
 from ..core.state import State, noise_dim
-from ..core.step import StepInfo, move
+from ..core.step import StepInfo
 from .trainable import Trainable
 
 
@@ -49,12 +50,11 @@ class FrozenCost(Trainable):
 
     def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
         """X to n + 1 by the solver's scheme with every tangent None; the sums take c(X_n) from step B on."""
-        moved = move(self.sde, state.theta, self.solver, state.x, None, dw, dt)
-        cost = moved.value["cost"]
+        x, cost = frozen_step(self.sde, state.theta, state.x, dw, dt, self.solver)
         counted = state.t >= (self.burn_in - 0.5) * dt  # n >= B on the float64 clock t_n = n h
         sums = torch.where(counted, state.x_tilde + cost.double(), state.x_tilde)
         zero = tree_map(torch.zeros_like, state.theta)  # G = 0: theta is frozen (a gradient shaped like theta)
-        return state._replace(x=moved.x, x_tilde=sums), StepInfo(cost.mean(), zero)
+        return state._replace(x=x, x_tilde=sums), StepInfo(cost.mean(), zero)
 
     def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
         """theta frozen: only the clock moves."""

@@ -16,7 +16,6 @@ The model is an ``fwdtrain.SDE``: its drift(theta, x) is estimated, its diffusio
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -108,10 +107,6 @@ class DriftEstimation(Trainable):
     single: bool = False
     optimizer: GradientTransformation | None = None
     increments: torch.Tensor | None = None
-
-    def with_optimizer(self, optimizer: GradientTransformation | None) -> DriftEstimation:
-        """This estimation updated by ``optimizer`` applied to G = -direction (its state in ``State.opt_state``)."""
-        return dataclasses.replace(self, optimizer=optimizer)
 
     def check(self, state: State, dt: Any, lr: Any) -> None:
         """The input checks of ``step`` for the observation state.x, and the optimiser state's fit."""

@@ -106,6 +106,11 @@ class Trainable(abc.ABC):
                 changes["solver"] = solver
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[type-var]
 
+    def with_optimizer(self, optimizer: GradientTransformation | None) -> Trainable:
+        """This problem updated by ``optimizer`` (None: plain sgd, theta - alpha h G), its state in
+        ``State.opt_state``."""
+        return dataclasses.replace(self, optimizer=optimizer)  # type: ignore[type-var]
+
     def schedule(self, lr: LearningRate, state: State) -> Schedule:
         """alpha as a function of the clock t (a number becomes a constant 0-d tensor of x's dtype)."""
         if callable(lr):
