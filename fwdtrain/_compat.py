@@ -190,6 +190,17 @@ def _probe_file() -> Path:
     return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ".")) / "isa.json"
 
 
+def compiler_set_up(folder: Path) -> bool:
+    """Whether inductor has been set up in the caches a compile would use (``use_cache_folders``): its
+    instruction-set probe recorded there (``record_probe``), which comes with its precompiled headers."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        chosen = str(folder / "inductor")
+    return (Path(chosen) / "isa.json").is_file()
+
+
 def skip_known_probe(machine: str) -> bool:
     """If this machine's instruction-set probe passed before (``record_probe``), tell inductor so; whether it
     had (False: this compile also pays the machine's one-time set-up, the probe and precompiled headers)."""

@@ -48,6 +48,10 @@ def test_the_rule_compiles_when_the_weighed_steps_take_longer_eagerly_than_compi
     # a kernel on disk costs a trace and a load: the same steps compile
     warm = route.choose(step, int(even * 0.95), 0, True)
     assert warm.compiled and "kernel on disk" in warm.reason
+    # a cache where inductor was never set up adds its set-up to the price
+    fresh = route.choose(step, int(even * 1.05), 0, False, set_up=False)
+    assert not fresh.compiled and "compiler not set up" in fresh.reason
+    assert fresh.compiled_s == pytest.approx(above.compiled_s + route.SETUP_SECONDS)
     # the steps a continued run took count CONTINUED_WEIGHT times each
     taken = int(even / route.CONTINUED_WEIGHT)  # weighed: 0.5 + 1 times the break-even steps
     assert route.choose(step, int(even * 0.5), taken, False).compiled
@@ -69,8 +73,8 @@ def test_counting_a_step_counts_its_aten_calls_and_the_numbers_they_write():
 def test_the_same_call_takes_the_same_route_whatever_ran_before(monkeypatch):
     """No memory in the process: a short run stays eager after a long one of the same problem compiled, and a
     continued run's route depends only on its history's steps."""
-    monkeypatch.setattr(route, "COMPILE_SECONDS", 0.0)
-    monkeypatch.setattr(route, "COMPILE_SECONDS_PER_OP", 0.0)
+    for constant in ("COMPILE_SECONDS", "COMPILE_SECONDS_PER_OP", "SETUP_SECONDS"):
+        monkeypatch.setattr(route, constant, 0.0)
     monkeypatch.setattr(route, "TRACE_SECONDS", 0.05)
     sde, state = linear_problem()
     quick = ft.Compile("auto", route="dynamo", backend="eager")
@@ -92,7 +96,7 @@ def test_a_run_continued_in_short_segments_compiles_once_its_steps_weigh_enough(
     step = route.StepCost(100, 100, counted.signature)
     gain = route.OP_SECONDS * step.ops + (route.NUMBER_SECONDS - route.COMPILED_NUMBER_SECONDS) * step.numbers
     monkeypatch.setattr(route, "COMPILE_SECONDS", gain * 100 * route.CONTINUED_WEIGHT)  # 300 steps' gain
-    for constant in ("COMPILE_SECONDS_PER_OP", "TRACE_SECONDS", "LOAD_SECONDS"):
+    for constant in ("COMPILE_SECONDS_PER_OP", "TRACE_SECONDS", "LOAD_SECONDS", "SETUP_SECONDS"):
         monkeypatch.setattr(route, constant, 0.0)
     real = route.count_step
     monkeypatch.setattr(route, "count_step", lambda fn, key="": (real(fn, key)[0], step))
@@ -118,7 +122,7 @@ def test_auto_compiles_when_the_rule_says_so_and_leaves_its_marker(monkeypatch):
     torch.compile "eager" backend here); the result equals the eager run to rounding; the run leaves the
     marker that tells the next run its kernel is on disk."""
     sde, state = linear_problem()
-    monkeypatch.setattr(route, "choose", lambda cost, steps, taken, warm: route.Route(warm or True, f"warm={warm}"))
+    monkeypatch.setattr(route, "choose", lambda cost, steps, taken, warm, set_up: route.Route(True, f"warm={warm}"))
     options = ft.Compile("auto", route="dynamo", backend="eager")
     loop = ft.driver.setup(sde, state, 40, DT, 0.5, 3, compile=options)
     result = ft.driver.execute(loop)

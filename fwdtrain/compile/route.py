@@ -8,6 +8,7 @@ measured once on a 2-core CPU (``benchmarks/bench_route.py`` measures them again
     K = COMPILED_NUMBER_SECONDS x numbers                  one compiled step
     C = TRACE_SECONDS + LOAD_SECONDS                       when a kernel of this step is on disk, else
         TRACE_SECONDS + COMPILE_SECONDS + COMPILE_SECONDS_PER_OP x ops
+            (+ SETUP_SECONDS where inductor was never set up in this cache: its probe and headers)
     S = the steps this call takes + CONTINUED_WEIGHT x the steps the run took before it (its history)
 
 and the run compiles iff S (E - K) > C. Nothing else counts: the same call on the same machine and cache
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import _compat
 from . import cache
 
 OP_SECONDS = 9e-6  # eager seconds per ATen call (the seed step at N = 1: 121 calls in 1.1 ms)
@@ -39,6 +41,7 @@ TRACE_SECONDS = 2.0  # tracing the step with make_fx and looking up its package
 LOAD_SECONDS = 0.5  # loading a package from disk and checking it against one eager step
 COMPILE_SECONDS = 10.0  # AOTInductor's fixed cost for one kernel (the C++ build and link)
 COMPILE_SECONDS_PER_OP = 0.05  # and per ATen call of the step (the seed step: 121 calls, about 15 s in all)
+SETUP_SECONDS = 20.0  # a cache's first compile also builds inductor's instruction-set probe and headers
 CONTINUED_WEIGHT = 3  # the weight of the steps a continued run took before this call
 
 
@@ -117,20 +120,27 @@ def mark_built(cost: StepCost) -> None:
         pass
 
 
-def estimates(cost: StepCost, steps: int, warm: bool) -> tuple[float, float]:
+def compiler_set_up() -> bool:
+    """Whether inductor was set up in the caches a compile would use (a compile there before)."""
+    return _compat.compiler_set_up(cache.cache_dir())
+
+
+def estimates(cost: StepCost, steps: int, warm: bool, set_up: bool = True) -> tuple[float, float]:
     """(eager seconds, compiled seconds) of ``steps`` steps by the rule (see the module docstring)."""
     eager_step = OP_SECONDS * cost.ops + NUMBER_SECONDS * cost.numbers
     compiled_step = COMPILED_NUMBER_SECONDS * cost.numbers
     build = LOAD_SECONDS if warm else COMPILE_SECONDS + COMPILE_SECONDS_PER_OP * cost.ops
+    if not (warm or set_up):
+        build += SETUP_SECONDS
     return steps * eager_step, TRACE_SECONDS + build + steps * compiled_step
 
 
-def choose(cost: StepCost, steps: int, taken: int, warm: bool) -> Route:
+def choose(cost: StepCost, steps: int, taken: int, warm: bool, set_up: bool = True) -> Route:
     """The rule: compiled iff S (E - K) > C, S = ``steps`` + CONTINUED_WEIGHT x ``taken``; ``warm``: a kernel of
-    this step is on disk."""
+    this step is on disk; ``set_up``: inductor was set up in this cache."""
     weighted = steps + CONTINUED_WEIGHT * taken
-    eager_s, compiled_s = estimates(cost, weighted, warm)
-    on = "kernel on disk" if warm else "no kernel on disk"
+    eager_s, compiled_s = estimates(cost, weighted, warm, set_up)
+    on = "kernel on disk" if warm else ("no kernel on disk" if set_up else "no kernel on disk, compiler not set up")
     counted = f"{cost.ops} ATen calls a step, {weighted} steps weighed, {on}"
     if compiled_s < eager_s:
         return Route(
@@ -154,10 +164,12 @@ __all__ = [
     "LOAD_SECONDS",
     "NUMBER_SECONDS",
     "OP_SECONDS",
+    "SETUP_SECONDS",
     "TRACE_SECONDS",
     "Route",
     "StepCost",
     "choose",
+    "compiler_set_up",
     "count_step",
     "estimates",
     "fixed",

@@ -280,7 +280,7 @@ def choose_route(
     _, cost = route.count_step(
         lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce), key=auto.signature_key
     )
-    return route.choose(cost, steps, auto.taken, route.on_disk(cost))
+    return route.choose(cost, steps, auto.taken, route.on_disk(cost), route.compiler_set_up())
 
 
 def execute(loop: Loop) -> Run:

@@ -334,7 +334,7 @@ class Auto:
                 lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce),
                 key=self.signature_key,
             )
-            decision = route.choose(self.cost, steps, self.taken, route.on_disk(self.cost))
+            decision = route.choose(self.cost, steps, self.taken, route.on_disk(self.cost), route.compiler_set_up())
             compiling = self.agree(decision.compiled)
             self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
             self.chosen = (
