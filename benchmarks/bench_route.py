@@ -1,6 +1,7 @@
 """The default route against the two fixed ones: ``compile="auto"`` next to ``True`` and ``False``, each case in
-fresh processes, on a fresh machine (empty kernel and compiler caches) and on a warm one (the caches its own
-first launch left).
+fresh processes, on three machines: ``fresh`` (empty kernel and compiler caches), ``warm`` (a cache where
+another problem was compiled before: inductor set up, this case's kernel not there) and ``again`` (the cache
+the same route's fresh launch left: a second launch of the same command).
 
     python -m benchmarks.bench_route                  # every case (about 20 minutes on a 2-core CPU)
     python -m benchmarks.bench_route --case readme    # one case
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,8 @@ CASES: dict[str, dict[str, Any]] = {
     "seed-N100": {"problem": "lqr-1d", "particles": 100, "segment": 2_048, "segments": 20},
 }
 QUICK = {"problem": "lqr-1d", "particles": 4, "segment": 50, "segments": 3}
+PRIME = {"problem": "lqr-1d", "particles": 2, "segment": 20, "segments": 1}  # the warm machine's other compile
+MACHINES = ("fresh", "warm", "again")
 
 
 def _example(problem: str, particles: int) -> Any:
@@ -123,15 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, case in cases.items():
         times: dict[tuple[str, str], dict[str, Any]] = {}
-        for route in ROUTES:
-            spec = {**case, "route": route, "threads": args.threads, "quick": args.quick}
-            if name in ("mlp-2d", "segments"):
-                spec["eager_steps"] = args.eager_steps
-            with tempfile.TemporaryDirectory(prefix="fwdtrain-route-") as folder:
-                for machine_state in ("fresh", "warm"):
-                    times[(route, machine_state)] = launch(spec, Path(folder))
+        with tempfile.TemporaryDirectory(prefix="fwdtrain-route-") as root:
+            primed = Path(root) / "primed"  # another problem compiled: inductor set up, this kernel absent
+            launch({**PRIME, "route": "True", "threads": args.threads, "quick": args.quick}, primed)
+            for route in ROUTES:
+                spec = {**case, "route": route, "threads": args.threads, "quick": args.quick}
+                if name in ("mlp-2d", "segments"):
+                    spec["eager_steps"] = args.eager_steps
+                own, warm = Path(root) / f"own-{route}", Path(root) / f"warm-{route}"
+                shutil.copytree(primed, warm)
+                for machine_state, folder in (("fresh", own), ("again", own), ("warm", warm)):
+                    times[(route, machine_state)] = launch(spec, folder)
                     print(f"{name:10s} {route:6s} {machine_state:5s} {times[(route, machine_state)]}", flush=True)
-        for machine_state in ("fresh", "warm"):
+        for machine_state in MACHINES:
             best = min(times[(route, machine_state)]["seconds"] for route in ("True", "False"))
             for route in ROUTES:
                 got = times[(route, machine_state)]

@@ -193,12 +193,10 @@ def _probe_file() -> Path:
 def compiler_set_up(folder: Path) -> bool:
     """Whether inductor has been set up in the caches a compile would use (``use_cache_folders``): its
     instruction-set probe recorded there (``record_probe``), which comes with its precompiled headers."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
-        chosen = str(folder / "inductor")
-    return (Path(chosen) / "isa.json").is_file()
+    folders = [folder / "inductor"]  # without importing inductor (which imports dynamo: seconds)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        folders.append(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+    return any((candidate / "isa.json").is_file() for candidate in folders)
 
 
 def skip_known_probe(machine: str) -> bool:

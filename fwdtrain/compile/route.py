@@ -75,6 +75,12 @@ class Route(NamedTuple):
 class _Counter(TorchDispatchMode):
     """Counts the ATen calls below every ``torch.func`` transform and the numbers they write."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch 2.13 wraps a mode's __torch_dispatch__ in dynamo.disable, whose first call imports dynamo (4 s):
+        # a counted eager step must not pay for a compiler it may never use
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.ops, self.numbers = 0, 0
