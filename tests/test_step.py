@@ -181,3 +181,15 @@ def test_the_compiled_loops_clocks_round_as_the_steps_own_t_plus_dt(dtype):
         for _ in range(count - 1):
             rows.append(rows[-1] + dt)
         assert torch.equal(clocks(t, dt, count), torch.stack(rows))
+
+
+def test_the_old_module_name_of_the_step_warns_and_gives_the_same_names():
+    import importlib
+    import sys
+
+    import fwdtrain.core.step as step_module
+
+    sys.modules.pop("fwdtrain.core.kernel", None)
+    with pytest.warns(DeprecationWarning, match=r"fwdtrain.core.kernel is fwdtrain.core.step"):
+        old = importlib.import_module("fwdtrain.core.kernel")
+    assert old.StepInfo is step_module.StepInfo and old.__all__ == step_module.__all__
