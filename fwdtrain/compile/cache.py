@@ -24,6 +24,7 @@ written is always kept. The same scan removes ``.tmp-*`` files older than an hou
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -32,7 +33,8 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,6 +45,55 @@ LIMIT_ENV = "FWDTRAIN_CACHE_LIMIT"
 DEFAULT_LIMIT_BYTES = 1_000_000_000  # 1 GB of packages
 STALE_SECONDS = 3600.0  # a temporary file this old is a crashed compile's
 FORMAT = 2  # fwdtrain's kernel format: bump when the way graphs are called changes (2: the loop's packed carry)
+
+
+KERNELS_KEPT = 64  # compiled kernels a process keeps (least recently used first out)
+
+# What this process holds: the module's only state (a kernel is a handle on a loaded package, so it is kept
+# per process), and the count of compile events (tests count these, never seconds).
+_kernels: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+_prepared: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_events = collections.Counter(
+    {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
+)
+
+
+def kernel(key: Hashable, build: Callable[[], Any]) -> Any:
+    """The kernel this process built for ``key``, or ``build()`` kept under it (the least recently used one
+    forgotten beyond ``KERNELS_KEPT``)."""
+    if key in _kernels:
+        _kernels.move_to_end(key)
+        return _kernels[key]
+    built = _kernels[key] = build()
+    while len(_kernels) > KERNELS_KEPT:
+        _kernels.popitem(last=False)
+    return built
+
+
+def prepared_steps(problem: Any) -> dict[Hashable, Any]:
+    """The prepared steps (``fwdtrain.jit_step``) of ``problem`` in this process, by options: kept as long as the
+    problem lives."""
+    return _prepared.setdefault(problem, {})
+
+
+def known_prepared_steps(problem: Any) -> dict[Hashable, Any] | None:
+    """``prepared_steps(problem)`` where some were prepared, else None (nothing is made)."""
+    return _prepared.get(problem)
+
+
+def forget_kernels() -> None:
+    """Forget the kernels built in this process (the packages on disk stay)."""
+    _kernels.clear()
+
+
+def count(**events: int) -> None:
+    """Add to this process's compile events (``traces``, ``compiles``, ``loads``, ``fallbacks``, ...)."""
+    _events.update(events)
+
+
+def events() -> dict[str, int]:
+    """This process's compile events so far."""
+    return dict(_events)
 
 
 def cache_dir() -> Path:

@@ -28,9 +28,7 @@ transform a kernel runs its eager twin (its tensors cannot leave the transform).
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import functools
 import logging
 import os
 import types
@@ -47,19 +45,13 @@ from .options import Compile
 
 SINGLE_THREAD_BELOW = 1 << 16  # state numbers under which kernels run on one thread (no fork/join per kernel)
 FUSED_CAT_UP_TO = 512  # state numbers up to which a kernel's concatenations are fused (one particle, small model)
-LIMIT = 64  # kernels kept per process (least recently used first out)
-
-_KERNELS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
-_COUNTS = collections.Counter(
-    {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
-)
 
 
 def counts() -> dict[str, int]:
     """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
     and how many fell back to another route; ``traced_ops`` and ``simplified_ops``: the ATen calls of every
-    traced graph as traced and after ``graphs.simplify``."""
-    return dict(_COUNTS)
+    traced graph as traced and after ``graphs.simplify`` (``cache.events``)."""
+    return cache.events()
 
 
 def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
@@ -68,15 +60,13 @@ def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
     if unfold:
         graphs.unfold_small_matmuls(traced.graph)
     before, after = graphs.simplify(traced.graph)
-    _COUNTS["traces"] += 1
-    _COUNTS["traced_ops"] += before
-    _COUNTS["simplified_ops"] += after
+    cache.count(traces=1, traced_ops=before, simplified_ops=after)
     return traced
 
 
 def clear() -> None:
     """Forget the kernels built in this process (the packages on disk stay)."""
-    _KERNELS.clear()
+    cache.forget_kernels()
 
 
 def _signature(tree: Any) -> tuple:
@@ -84,17 +74,6 @@ def _signature(tree: Any) -> tuple:
         (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else (type(t).__name__, t)
         for t in optree.tree_leaves(tree)
     )
-
-
-def _cached(key: Hashable, build: Callable[[], Any]) -> Any:
-    if key in _KERNELS:
-        _KERNELS.move_to_end(key)
-        return _KERNELS[key]
-    kernel = build()
-    _KERNELS[key] = kernel
-    while len(_KERNELS) > LIMIT:
-        _KERNELS.popitem(last=False)
-    return kernel
 
 
 def _leaves(tree: Any) -> list[torch.Tensor]:
@@ -234,7 +213,7 @@ class _Package:
     def _load(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
         run = _compat.aot_load(str(self.path), self.device)
         cache.touch(self.path)
-        _COUNTS["loads"] += 1
+        cache.count(loads=1)
         return run
 
     def _build(self) -> None:
@@ -250,7 +229,7 @@ class _Package:
                 os.unlink(temporary)
         cache.prune(keep=self.path)
         _compat.record_probe(machine)
-        _COUNTS["compiles"] += 1
+        cache.count(compiles=1)
         self.run = self._load()
 
     def set_aside(self) -> None:
@@ -329,7 +308,7 @@ class Kernel:
         return "aot" if self.package is not None else "dynamo"
 
     def _fall_back(self, error: BaseException) -> None:
-        _COUNTS["fallbacks"] += 1
+        cache.count(fallbacks=1)
         _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
         self.package = None
         self.compiled = _DynamoOrEager(self.compilable, self.options, self.what)
@@ -379,18 +358,6 @@ class Kernel:
         return package.run
 
 
-@functools.lru_cache(maxsize=1 << 12)
-def _count(value: int) -> torch.Tensor:
-    """The 0-d int64 tensor ``value``, made once (a loop kernel's step count; the kernel only reads it)."""
-    return torch.tensor(value, dtype=torch.int64)
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _start(value: int) -> torch.Tensor:
-    """As ``_count``, for the first row: a tensor of its own even where the two values are equal."""
-    return torch.tensor(value, dtype=torch.int64)
-
-
 class LoopKernel(Kernel):
     """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
 
@@ -401,7 +368,18 @@ class LoopKernel(Kernel):
 
     def __init__(self, step: graphs.StepFn, carry: Any, inputs: Any, options: Compile, what: str) -> None:
         self.step = step
+        self._scalars: dict[tuple[str, int], torch.Tensor] = {}
         super().__init__(step, options, what, carry, inputs)
+
+    def scalar(self, role: str, value: int) -> torch.Tensor:
+        """The 0-d int64 tensor ``value`` for ``role`` ("count", "start"), made once per kernel (the kernel only
+        reads it; each role its own tensor, as export would alias equal ones)."""
+        key = (role, value)
+        if key not in self._scalars:
+            if len(self._scalars) > 1 << 12:
+                self._scalars.clear()
+            self._scalars[key] = torch.tensor(value, dtype=torch.int64)
+        return self._scalars[key]
 
     def _trace(self, carry: Any, inputs: Any) -> tuple[_Package, Any]:
         return _loop_package(self.step, carry, inputs, self.options.unroll)
@@ -411,7 +389,12 @@ class LoopKernel(Kernel):
             return graphs.run_steps(self.step, count, start, inputs, carry)
 
         def flat(steps: int) -> list[torch.Tensor]:
-            return [_count(steps), _start(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+            return [
+                self.scalar("count", steps),
+                self.scalar("start", start),
+                *optree.tree_leaves(inputs),
+                *optree.tree_leaves(carry),
+            ]
 
         def one_step() -> tuple[list[torch.Tensor], list[Any]]:
             return flat(1), optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
@@ -482,7 +465,13 @@ class ObservedKernel(LoopKernel):
         flat_stops[: len(stops)] = torch.tensor(stops, dtype=torch.int64)
 
         def flat(n: int) -> list[torch.Tensor]:
-            return [flat_stops, _count(n), _start(start), *optree.tree_leaves(inputs), *optree.tree_leaves(carry)]
+            return [
+                flat_stops,
+                self.scalar("count", n),
+                self.scalar("start", start),
+                *optree.tree_leaves(inputs),
+                *optree.tree_leaves(carry),
+            ]
 
         def probe() -> tuple[list[torch.Tensor], list[Any]]:
             end, seen = graphs.run_observed(self.step, self.observe, stops[:1], start, inputs, carry)
@@ -557,7 +546,7 @@ class _DynamoOrEager:
                     _own_code(self.fn), fullgraph=True, dynamic=False, backend=self.options.backend, **extra
                 )
                 result = compiled(*args)
-            _COUNTS["compiles"] += 1
+            cache.count(compiles=1)
             self.compiled = compiled
             return result
         except Exception as error:
@@ -567,7 +556,7 @@ class _DynamoOrEager:
                 raise  # asked for by torch._dynamo.config.error_on_recompile: not a compiler failure
             result = self.fn(*args)
             self.failed = True
-            _COUNTS["fallbacks"] += 1
+            cache.count(fallbacks=1)
             _warn(f"torch.compile of {self.what} failed ({root_cause(error)}); running it eagerly instead")
             return result
 
@@ -579,7 +568,7 @@ def loop_kernel(
     (``key``: what the step depends on besides its inputs: the problem, dt, plan, solver, optimizer)."""
     _compat.use_cache_folders(cache.cache_dir())
     signature = ("loop", key, options, _signature(carry), _signature(inputs))
-    return _cached(signature, lambda: LoopKernel(step, carry, inputs, options, what))
+    return cache.kernel(signature, lambda: LoopKernel(step, carry, inputs, options, what))
 
 
 def observed_kernel(
@@ -596,7 +585,7 @@ def observed_kernel(
     names both: the problem, dt, plan, solver, optimizer, and what is observed)."""
     _compat.use_cache_folders(cache.cache_dir())
     signature = ("observed", key, rows, options, _signature(carry), _signature(inputs))
-    return _cached(signature, lambda: ObservedKernel(step, observe, rows, carry, inputs, options))
+    return cache.kernel(signature, lambda: ObservedKernel(step, observe, rows, carry, inputs, options))
 
 
 def function_kernel(
@@ -605,7 +594,7 @@ def function_kernel(
     """``fn`` compiled for arguments shaped like ``args``, built once per process (``key`` as for ``loop_kernel``)."""
     _compat.use_cache_folders(cache.cache_dir())
     signature = ("function", key, options, _signature(args))
-    return _cached(signature, lambda: FunctionKernel(fn, args, options, what))
+    return cache.kernel(signature, lambda: FunctionKernel(fn, args, options, what))
 
 
 __all__ = [

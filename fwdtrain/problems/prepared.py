@@ -18,13 +18,13 @@ the two are the same thing (``jit_step`` returns one object per problem and opti
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import torch
 
 from .. import _compat
+from ..compile import cache
 from ..compile.kernels import FunctionKernel, function_kernel
 from ..compile.options import Compile, as_compile
 from ..core import _checks
@@ -200,9 +200,6 @@ class JitStep:
         return out
 
 
-_JITTED: weakref.WeakKeyDictionary[SDE, dict[Hashable, JitStep]] = weakref.WeakKeyDictionary()
-
-
 def jit_step(
     sde: SDE,
     *,
@@ -234,7 +231,7 @@ def jit_step(
             a call, as ``fwdtrain.step``.
     """
     given = (solver, optimizer, mode, compile, type(compile))  # the type: compile=1 is not compile=True
-    known = _JITTED.get(sde) if isinstance(sde, SDE) else None
+    known = cache.known_prepared_steps(sde) if isinstance(sde, SDE) else None
     if known is not None and _hashable(given) and given in known:  # a repeated call: no option rebuilt
         return known[given]
     if not isinstance(sde, SDE):
@@ -251,7 +248,7 @@ def jit_step(
     if compiling.enabled == "auto":
         raise ValueError('jit_step(compile="auto") is not a choice for one step: pass True, False or a Compile')
     options = (solver, optimizer, mode, compiling)
-    jitted = _JITTED.setdefault(sde, {})
+    jitted = cache.prepared_steps(sde)
     if options not in jitted:
         jitted[options] = JitStep(CostForm(sde, solver, optimizer), mode, compiling)
     if _hashable(given):
