@@ -113,6 +113,7 @@ def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, 
         "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
         "wall_s": trained.wall,
         "steps_per_s": taken / trained.wall if trained.wall > 0 else 0.0,
+        "route": history.route if taken else None,  # how this run's steps ran: "compiled" or "eager"
     }
 
 
@@ -229,7 +230,8 @@ def table(result: dict[str, Any]) -> str:
             f"iterates with t >= {result['average_from']:g} (--average-from)"
         )
     this_run = (
-        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s"
+        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s "
+        f"({result['route']})"
         if result["steps_this_run"]
         else "none this run"
     )
