@@ -197,6 +197,32 @@ def test_figure_script_quick(tmp_path: Path) -> None:
         assert (DOCS / "examples" / "output" / f"{problem}.txt").read_text().startswith(f"fwdtrain {problem}")
 
 
+INLINED = re.compile(r"<!-- (?P<source>docs/examples/output/[\w-]+\.txt),[^\n]*-->\n```text\n(?P<body>.*?)```\n", re.S)
+
+
+def test_example_pages_carry_their_output_inline_equal_to_the_file_it_came_from(tmp_path: Path) -> None:
+    """An example page shows its printed output as text, not a snippet include (which GitHub shows literally):
+    each copy equals the file docs/figures.py wrote, and the script's own update of a page keeps it so."""
+    pages = sorted(p for p in (DOCS / "examples").glob("*.md") if p.name != "index.md")
+    assert len(pages) == len(ft.examples.REGISTRY)
+    for page in pages:
+        text = page.read_text()
+        assert "--8<--" not in text, f"{page.name}: a snippet include reads as literal text on GitHub; inline it"
+        copies = INLINED.findall(text)
+        assert [source for source, _ in copies] == [f"docs/examples/output/{page.stem}.txt"], page.name
+        assert copies[0][1] == (ROOT / copies[0][0]).read_text(), f"{page.name}: the copy differs from its file"
+    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    page = (DOCS / "examples" / "hawkes.md").read_text()
+    updated = figures.inlined(page, "docs/examples/output/hawkes.txt", "new output\n")
+    assert INLINED.findall(updated) == [("docs/examples/output/hawkes.txt", "new output\n")]
+    assert updated.replace("new output\n", (DOCS / "examples" / "output" / "hawkes.txt").read_text()) == page
+    with pytest.raises(ValueError, match="0 copies"):
+        figures.inlined(page, "docs/examples/output/lqr-1d.txt", "x\n")
+
+
 # ---- the API reference ----
 
 SUBMODULES = ("schedules", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples", "noise", "errors")
