@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -278,7 +280,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert build.returncode == 0, build.stdout + build.stderr
     return folder
@@ -343,6 +345,22 @@ def test_the_built_pages_fetch_nothing_from_outside(site: Path) -> None:
     index = (site / "index.html").read_text()
     assert "vendor/katex/katex.min.js" in index and "javascripts/katex.js" in index
     assert 'class="arithmatex"' in (site / "examples" / "lqr-1d" / "index.html").read_text()
+
+
+def test_the_maths_renders_offline_in_a_headless_browser(site: Path) -> None:
+    """Where Chromium is installed (Debian's ``chromium``), a page of the built site loaded with the network cut
+    (``unshare -n``, as root) typesets every formula: as many KaTeX renderings as arithmatex spans, none an error."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    offline = ["unshare", "-n"] if shutil.which("unshare") and os.geteuid() == 0 else []
+    page = site / "examples" / "lqr-1d" / "index.html"
+    command = [*offline, browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    done = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    marked = page.read_text().count('class="arithmatex"')
+    assert marked > 10
+    assert done.stdout.count('class="katex"') == marked and "katex-error" not in done.stdout
 
 
 def test_the_sites_own_scripts_and_styles_exist() -> None:
