@@ -273,3 +273,48 @@ def test_resuming_from_a_file_that_is_not_a_checkpoint_says_so(tmp_path, capsys)
     assert cli.main(["--resume", str(path), "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert "is not a fwdtrain checkpoint" in err and "truncated" not in err and "KeyError" not in err
+
+
+# ---- the figure: what each built-in problem learned against its reference, as its example page shows it ----
+
+
+def _dashed_values(figure):
+    """The constant values of the dashed (reference) lines of every panel: y of horizontal ones, x of vertical."""
+    values = []
+    for axis in figure.axes:
+        for line in axis.get_lines():
+            if line.get_linestyle() != "--":
+                continue
+            xs, ys = (list(map(float, data)) for data in line.get_data())
+            values += [ys[0]] if len(set(ys)) == 1 else []
+            values += [xs[0]] if len(set(xs)) == 1 else []
+    return values
+
+
+@pytest.mark.parametrize("problem", list(examples.REGISTRY))
+def test_each_problems_figure_draws_its_reference(problem):
+    """The command line's figure of every built-in problem has the example page's panels and draws a reference
+    from the problem's own ``reference`` as a dashed line (a short run: the drawing is what is tested)."""
+    from fwdtrain.cli import figures
+
+    quick = ["--total-steps", "40", "--particles", "4", "--record-every", "10", "--no-plot", "--no-progress"]
+    args, named = parser.parse([problem, *quick])
+    job = configure.prepare(args, named)
+    result = cli_train.train(job)
+    figure = figures.figure(problem, figures.Trained(job.example, job.seed, result.state, result.history))
+    assert len(figure.axes) == figures.FIGURES[problem][1]
+    dashed = _dashed_values(figure)
+    references = [float(value) for name, value in job.example.reference.items() if name != "gain_error"]
+    assert any(abs(value - reference) < 1e-9 for value in dashed for reference in references), (dashed, references)
+
+
+def test_the_command_line_writes_the_problems_figure(tmp_path, monkeypatch):
+    """`python -m fwdtrain hawkes` writes the parameters against the truth, not the generic cost panel alone."""
+    from fwdtrain.cli import figures
+
+    pytest.importorskip("matplotlib")
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda problem, run, path, title=None: drawn.append(problem) or path)
+    argv = ["hawkes", "--total-steps", "20", "--particles", "2", "--record-every", "10", "--no-progress"]
+    assert cli.main([*argv, "--plot", str(tmp_path / "h.png")]) == 0
+    assert drawn == ["hawkes"]

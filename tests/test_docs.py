@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -196,6 +199,32 @@ def test_figure_script_quick(tmp_path: Path) -> None:
         assert (DOCS / "examples" / "output" / f"{problem}.txt").read_text().startswith(f"fwdtrain {problem}")
 
 
+INLINED = re.compile(r"<!-- (?P<source>docs/examples/output/[\w-]+\.txt),[^\n]*-->\n```text\n(?P<body>.*?)```\n", re.S)
+
+
+def test_example_pages_carry_their_output_inline_equal_to_the_file_it_came_from(tmp_path: Path) -> None:
+    """An example page shows its printed output as text, not a snippet include (which GitHub shows literally):
+    each copy equals the file docs/figures.py wrote, and the script's own update of a page keeps it so."""
+    pages = sorted(p for p in (DOCS / "examples").glob("*.md") if p.name != "index.md")
+    assert len(pages) == len(ft.examples.REGISTRY)
+    for page in pages:
+        text = page.read_text()
+        assert "--8<--" not in text, f"{page.name}: a snippet include reads as literal text on GitHub; inline it"
+        copies = INLINED.findall(text)
+        assert [source for source, _ in copies] == [f"docs/examples/output/{page.stem}.txt"], page.name
+        assert copies[0][1] == (ROOT / copies[0][0]).read_text(), f"{page.name}: the copy differs from its file"
+    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    page = (DOCS / "examples" / "hawkes.md").read_text()
+    updated = figures.inlined(page, "docs/examples/output/hawkes.txt", "new output\n")
+    assert INLINED.findall(updated) == [("docs/examples/output/hawkes.txt", "new output\n")]
+    assert updated.replace("new output\n", (DOCS / "examples" / "output" / "hawkes.txt").read_text()) == page
+    with pytest.raises(ValueError, match="0 copies"):
+        figures.inlined(page, "docs/examples/output/lqr-1d.txt", "x\n")
+
+
 # ---- the API reference ----
 
 SUBMODULES = ("schedules", "optim", "calibration", "sgdct", "ensemble", "distributed", "examples", "noise", "errors")
@@ -240,26 +269,115 @@ def test_every_public_name_has_a_docstring_and_an_api_entry() -> None:
             assert covered, f"fwdtrain.{module_name}.{name} has no API entry"
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site built once with ``mkdocs build --strict`` (skipped without the ``docs`` extra)."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings_handlers.python")
+    folder = tmp_path_factory.mktemp("site")
     build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert build.returncode == 0, build.stdout + build.stderr
+    return folder
+
+
+def test_site_builds_strict(site: Path) -> None:
+    assert (site / "index.html").is_file()
+
+
+class _Fetches(HTMLParser):
+    """The URLs a page makes the browser fetch as it loads: scripts, styles, icons, images, frames, media and the
+    ``url(...)`` of inline styles (links a reader follows, ``<a href>``, are not fetched)."""
+
+    ATTRIBUTES: ClassVar[dict[str, str]] = {
+        "script": "src",
+        "img": "src",
+        "iframe": "src",
+        "source": "src",
+        "video": "src",
+        "audio": "src",
+        "embed": "src",
+        "object": "data",
+        "link": "href",
+    }
+    NOT_FETCHED: ClassVar[set[str]] = {"next", "prev", "canonical", "alternate"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {name: value or "" for name, value in attrs}
+        if tag == "link" and set(values.get("rel", "").split()) & self.NOT_FETCHED:
+            return
+        if tag in self.ATTRIBUTES and values.get(self.ATTRIBUTES[tag]):
+            self.urls.append(values[self.ATTRIBUTES[tag]])
+        self.urls += values.get("srcset", "").split()[::2]
+        self.urls += CSS_URL.findall(values.get("style", ""))
+
+
+CSS_URL = re.compile(r"""url\(\s*["']?([^"')\s]+)|@import\s+["']([^"']+)""")
+OUTSIDE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)
+
+
+def test_the_built_pages_fetch_nothing_from_outside(site: Path) -> None:
+    """An offline or firewalled reader sees the whole site: no page loads a script, style, font or image from
+    another host (the maths is typeset by the vendored KaTeX, the theme uses the system's fonts). The theme's
+    bundle loads mermaid from a CDN only for a page with a mermaid diagram: there is none."""
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 40
+    outside = []
+    for page in pages:
+        text = page.read_text()
+        parser = _Fetches()
+        parser.feed(text)
+        outside += [f"{page.relative_to(site)}: {url}" for url in parser.urls if OUTSIDE.match(url)]
+        assert 'class="mermaid"' not in text, f"{page}: a mermaid diagram makes the theme load mermaid from a CDN"
+    for sheet in site.rglob("*.css"):
+        found = [url or imported for url, imported in CSS_URL.findall(sheet.read_text())]
+        outside += [f"{sheet.relative_to(site)}: {url}" for url in found if OUTSIDE.match(url)]
+    assert not outside, "the built site fetches from outside:\n" + "\n".join(outside[:20])
+    index = (site / "index.html").read_text()
+    assert "vendor/katex/katex.min.js" in index and "javascripts/katex.js" in index
+    assert 'class="arithmatex"' in (site / "examples" / "lqr-1d" / "index.html").read_text()
+
+
+def test_the_maths_renders_offline_in_a_headless_browser(site: Path) -> None:
+    """Where Chromium is installed (Debian's ``chromium``), a page of the built site loaded with the network cut
+    (``unshare -n``, as root) typesets every formula: as many KaTeX renderings as arithmatex spans, none an error."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    offline = ["unshare", "-n"] if shutil.which("unshare") and os.geteuid() == 0 else []
+    page = site / "examples" / "lqr-1d" / "index.html"
+    command = [*offline, browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    done = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    marked = page.read_text().count('class="arithmatex"')
+    assert marked > 10
+    assert done.stdout.count('class="katex"') == marked and "katex-error" not in done.stdout
 
 
 def test_the_sites_own_scripts_and_styles_exist() -> None:
-    """mkdocs --strict does not check extra_javascript / extra_css: a missing MathJax configuration leaves every
-    formula as raw TeX. Each local entry must be a file under docs/; the MathJax one typesets arithmatex's maths."""
+    """mkdocs --strict does not check extra_javascript / extra_css: a missing script leaves every formula as raw
+    TeX. Each entry must be a file under docs/ (nothing from a CDN); the KaTeX one typesets arithmatex's maths, and
+    every font the vendored stylesheet names is vendored beside it."""
     config = (ROOT / "mkdocs.yml").read_text()
     entries = re.findall(r"^extra_(?:javascript|css):\n((?:  - .+\n)+)", config, flags=re.MULTILINE)
-    local = [line.strip()[2:] for block in entries for line in block.splitlines() if "://" not in line]
-    assert local, "mkdocs.yml lists no local script (the MathJax configuration)"
-    for entry in local:
+    listed = [line.strip()[2:] for block in entries for line in block.splitlines()]
+    assert "vendor/katex/katex.min.js" in listed and "vendor/katex/katex.min.css" in listed
+    for entry in listed:
+        assert "://" not in entry, f"mkdocs.yml loads {entry} from outside the site"
         assert (DOCS / entry).is_file(), f"mkdocs.yml lists docs/{entry}, which does not exist"
-    assert "arithmatex" in (DOCS / "javascripts" / "mathjax.js").read_text()
+    assert "arithmatex" in (DOCS / "javascripts" / "katex.js").read_text()
+    katex = DOCS / "vendor" / "katex"
+    fonts = re.findall(r"url\(([^)]+)\)", (katex / "katex.min.css").read_text())
+    assert len(fonts) >= 20
+    for font in fonts:
+        assert (katex / font).is_file(), f"docs/vendor/katex/katex.min.css names {font}, which is not vendored"
+    assert "MIT" in (katex / "LICENSE").read_text()

@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the argument, before anything is computed."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -253,3 +254,119 @@ def test_low_precision_needs_an_explicit_opt_in(ex, dtype):
         ft.sgdct.init(theta)
     state = ft.init(ex.sde, theta, ex.x0.to(dtype), particles=2, allow_low_precision=True)
     assert ft.step(ex.sde, state, torch.zeros(2, 1, dtype=dtype), 0.01, 0.1).x.dtype == dtype
+
+
+# ---- issue 43: errors that came raw from torch or Python, each raised before any step ----
+
+
+@pytest.fixture
+def stepped(monkeypatch):
+    """The number of steps taken (every eager step of a cost-form problem goes through CostForm.propagate)."""
+    from fwdtrain.problems.cost import CostForm
+
+    calls = []
+    original = CostForm.propagate
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CostForm, "propagate", counted)
+    return calls
+
+
+def _controlled(control):
+    return ft.ControlledSDE(
+        control,
+        lambda x, u: -x + u,
+        lambda x, u: torch.ones_like(x),
+        lambda x, u: (x * x + u * u).sum(),
+        noise_type="additive",
+    )
+
+
+def _branching_control(th, x):
+    if x[0] > 0:  # a Python branch on a tensor's value: cannot run batched
+        return -th["k"] * x
+    return th["k"] * x
+
+
+def _item_control(th, x):
+    return -th["k"].item() * x  # .item() cuts theta out of the derivative and cannot run batched
+
+
+@pytest.mark.parametrize(
+    "control, reason",
+    [(_branching_control, "data-dependent control flow"), (_item_control, r"\.item\(\)")],
+    ids=["if x[0] > 0", ".item()"],
+)
+def test_a_control_that_reads_a_tensors_value_is_refused_by_init_naming_it(control, reason, stepped):
+    with pytest.raises(
+        ValueError, match=rf"the SDE's control \({control.__name__}\) runs at x0 but not batched"
+    ) as info:
+        ft.init(_controlled(control), {"k": torch.tensor(0.5)}, torch.ones(1), particles=4)
+    message = str(info.value)
+    assert re.search(reason, message) and "no .item()" in message and "torch.where" in message
+    assert stepped == []
+
+
+def test_a_drift_cost_or_jump_that_branches_is_named():
+    theta, x0 = {"k": torch.tensor(0.5)}, torch.ones(1)
+    branching_cost = ft.SDE(lambda th, x: -x, lambda th, x: torch.ones_like(x), lambda th, x: x.sum() * float(x[0]))
+    with pytest.raises(ValueError, match="the SDE's cost runs at x0 but not batched"):
+        ft.init(branching_cost, theta, x0)
+    branching_drift = ft.SDE(
+        lambda th, x: -x if x.sum() > 0 else x, lambda th, x: torch.ones_like(x), lambda th, x: x.sum()
+    )
+    with pytest.raises(ValueError, match="the SDE's drift runs at x0 but not batched"):
+        ft.init(branching_drift, theta, x0)
+    jumps = ft.Jumps(lambda th, x, z: x * 0.1, rate=lambda th, x: torch.tensor(2.0 if x[0] > 0 else 1.0))
+    with pytest.raises(ValueError, match="the jumps' rate runs at x0 but not batched"):
+        ft.init(
+            ft.SDE(lambda th, x: -x, lambda th, x: torch.ones_like(x), lambda th, x: x.sum(), jumps=jumps), theta, x0
+        )
+    # the same rules written with torch.where pass
+    where = _controlled(lambda th, x: torch.where(x[0] > 0, -th["k"] * x, th["k"] * x))
+    ft.init(where, theta, x0, particles=2)
+
+
+def test_a_2d_checkpoint_resumed_into_a_1d_problem_names_what_differs(tmp_path, stepped):
+    control = ft.mlp([2, 4, 2])
+    two_d = _controlled(control.apply)
+    state = ft.init(two_d, control.theta, torch.ones(2), particles=3)
+    ft.save(tmp_path / "run.pt", *ft.run(two_d, state, 3, 0.01, 0.1, compile=False))
+    checkpoint = ft.load(tmp_path / "run.pt")
+    stepped.clear()
+    one_d = _controlled(lambda th, x: -th["k"] * x)
+    with pytest.raises(ValueError, match="the start's state does not fit this problem") as info:
+        ft.run(one_d, checkpoint, 5, 0.01, 0.1, compile=False)
+    message = str(info.value)
+    assert "the problem asks theta for 'k', which the state's theta does not have" in message
+    assert "theta['weight0'] (4, 2)" in message and "dimension d = 2" in message
+    assert "check_compatible" in message and "KeyError" in message
+    assert stepped == []
+
+
+def test_save_into_a_missing_folder_names_the_path_not_a_temporary(ex, state, tmp_path):
+    path = tmp_path / "missing" / "run.pt"
+    with pytest.raises(ft.errors.CheckpointError) as info:
+        ft.save(path, state)
+    message = str(info.value)
+    assert repr(str(path)) in message and "does not exist" in message and "create the folder" in message
+    assert ".tmp" not in message
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(ft.errors.CheckpointError, match="is a folder; name a file"):
+        ft.save(tmp_path, state)
+
+
+def test_a_nan_in_theta_names_the_leaf_and_the_index(ex, state, stepped):
+    weight = state.theta["weight1"].clone()
+    weight[0, 5] = math.nan
+    bad = state._replace(theta=dict(state.theta, weight1=weight))
+    match = r"non-finite entries: state\.theta\['weight1'\]\[0, 5\] = nan, the first of 1 in state\.theta\['weight1'\]"
+    with pytest.raises(ValueError, match=match):
+        ft.run(ex.sde, bad, 10, 0.01, 0.1, compile=False)
+    far = state._replace(x=state.x + 100.0)
+    with pytest.raises(ValueError, match=r"above bound=10\.0: state\.x\[0, 0\] = 101"):
+        ft.run(ex.sde, far, 10, 0.01, 0.1, compile=False, checks=ft.Checks(bound=10.0))
+    assert stepped == []

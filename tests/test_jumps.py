@@ -301,3 +301,79 @@ def test_bad_jumps_are_refused_before_the_first_step():
     varying = sde(ft.Jumps(size, lambda th, x: 1.0 + th["a"]))
     with pytest.raises(ValueError, match="must carry the events' score"):
         ft.step(varying, state, torch.zeros((1, 3), dtype=D64), 0.1, 0.1)
+
+
+def test_a_0d_jump_size_is_the_jump_of_a_1d_state_and_is_refused_for_d_2():
+    """``size=lambda x, u, z: z`` with a scalar mark is the jump of a 1-D state: the run equals the one whose
+    size returns (1,); for d = 2 a 0-d size is still refused, naming the shape it must have."""
+
+    def sde(size):
+        return ft.ControlledSDE(
+            control=lambda th, x: -th["k"] * x,
+            drift=lambda x, u: -x + u,
+            diffusion=lambda x, u: 0.5 * torch.ones_like(x),
+            cost=lambda x, u: (x * x + u * u).sum(),
+            noise_type="additive",
+            jumps=ft.Jumps(size, rate=5.0, marks=torch.distributions.Normal(0.2, 0.5)),
+        )
+
+    theta, x0 = {"k": torch.tensor(0.3, dtype=D64)}, torch.ones(1, dtype=D64)
+    scalar, vector = sde(lambda x, u, z: z * (1 + u.sum())), sde(lambda x, u, z: (z * (1 + u.sum())).reshape(1))
+    runs = [
+        ft.run(s, ft.init(s, theta, x0, particles=8), 200, DT, 0.1, noise=3, compile=False) for s in (scalar, vector)
+    ]
+    assert float(runs[0].state.x.std()) > 0.1
+    for a, b in zip(runs[0].state, runs[1].state):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(runs[0].state.theta["k"], runs[1].state.theta["k"], rtol=0, atol=0)
+    assert float((runs[0].state.theta["k"] - theta["k"]).abs()) > 1e-4
+    with pytest.raises(ValueError, match=r"size returned shape \(\) at x0; it must return \(2,\)"):
+        ft.init(scalar, theta, torch.ones(2, dtype=D64))
+
+
+@pytest.mark.parametrize(
+    "marks",
+    [
+        torch.distributions.Bernoulli(torch.tensor(0.3)),
+        torch.distributions.Categorical(torch.tensor([0.2, 0.5, 0.1, 0.2])),
+        torch.distributions.Binomial(3, torch.tensor(0.4)),
+        torch.distributions.Independent(torch.distributions.Bernoulli(torch.tensor([0.1, 0.8])), 1),
+    ],
+    ids=["Bernoulli", "Categorical", "Binomial", "Independent(Bernoulli)"],
+)
+def test_discrete_marks_are_drawn_by_counting_their_cdf_with_the_right_frequencies(marks):
+    """Marks of a finite support come from the uniform column by the inverse CDF by counting: the empirical
+    frequency of every support point matches its probability (within 5 standard errors, 200,000 draws), and the
+    draws are the state's dtype."""
+    jumps = ft.Jumps(lambda th, x, z: z.sum() * torch.ones_like(x), rate=1.0, marks=marks)
+    n = 200_000
+    _, z = jumps.draws(torch.randn((n, jumps.width), generator=torch.Generator().manual_seed(2), dtype=D64))
+    assert z.dtype == D64 and z.shape == (n, *marks.event_shape)
+    base = marks.base_dist if isinstance(marks, torch.distributions.Independent) else marks
+    support = base.enumerate_support(expand=True)  # (K, *batch)
+    probabilities = base.log_prob(support).exp().double()
+    columns = z.reshape(n, -1)
+    for k in range(support.shape[0]):
+        for j, (point, p) in enumerate(zip(support[k].reshape(-1), probabilities[k].reshape(-1))):
+            frequency = float((columns[:, j] == float(point)).double().mean())
+            assert abs(frequency - float(p)) < 5 * math.sqrt(float(p) * (1 - float(p)) / n) + 1e-12, (k, j)
+    assert bool(torch.isin(columns, support.double().unique()).all())
+
+
+def test_bernoulli_marks_run_and_poisson_marks_are_refused_naming_what_works():
+    """A jump SDE with Bernoulli marks (a jump up or none) trains; marks with neither an inverse CDF nor a finite
+    support are refused when the Jumps is made."""
+    sde = ft.SDE(
+        lambda th, x: -th["k"] * x,
+        lambda th, x: 0.3 * torch.ones_like(x),
+        lambda th, x: (x * x).sum(),
+        jumps=ft.Jumps(lambda th, x, z: z * th["k"], rate=4.0, marks=torch.distributions.Bernoulli(0.5)),
+    )
+    state = ft.init(sde, {"k": torch.tensor(1.0, dtype=D64)}, torch.zeros(1, dtype=D64), particles=16)
+    result = ft.run(sde, state, 300, DT, 0.05, noise=0, compile=False)
+    assert result.history.steps == 300 and bool(torch.isfinite(result.state.x).all())
+    assert float(result.state.theta["k"]) < 1.0
+    counting = r"Poisson.*counting a finite support's CDF \(Bernoulli, Categorical, Binomial\)"
+    with pytest.raises(ValueError, match=counting):
+        ft.Jumps(lambda th, x, z: z * torch.ones_like(x), rate=1.0, marks=torch.distributions.Poisson(2.0))

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from .. import optim, plotting
 from ..core.problem import ControlledSDE
 from ..problems import ensemble
+from . import figures
 from .configure import Job
 from .train import Trained
 
@@ -60,6 +61,11 @@ def _metrics(example: Any, state: Any, solver: str) -> dict[str, Any]:
 
 
 def _plot(job: Job, example: Any, state: Any, history: Any, path: str) -> str:
+    """The problem's figure (``figures``: what it learned against its reference, as its example page shows it);
+    a problem without one gets the generic control and cost panels."""
+    title = f"{job.problem}: {history.steps} steps, dt {example.dt}, {job.size * example.particles} particles"
+    if job.problem in figures.FIGURES:
+        return figures.save(job.problem, figures.Trained(example, job.seed, state, history), path, title)
     slope = _first(example.reference, "slope", "optimal_slope")
     control = example.sde.control if isinstance(example.sde, ControlledSDE) else None
     return plotting.plot_run(
@@ -70,7 +76,7 @@ def _plot(job: Job, example: Any, state: Any, history: Any, path: str) -> str:
         optimal_control=(lambda xs: slope * xs) if slope is not None else None,
         optimal_cost=_first(example.reference, "cost", "optimal_cost"),
         dim=example.x0.shape[0],
-        title=f"{job.problem}: {history.steps} steps, dt {example.dt}, {job.size * example.particles} particles",
+        title=title,
     )
 
 

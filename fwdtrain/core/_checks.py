@@ -186,6 +186,35 @@ def check_count(value: Any, name: str, minimum: int = 1) -> int:
     return value
 
 
+def check_initial_state(within: torch.Tensor, state: Any, bound: float | None = None) -> None:
+    """Raise ``ValueError`` unless ``within`` (a run's ``Trainable.within(state, bound)``: 0-d, or (E,) per member)
+    is all True, naming the first leaf of x, x_tilde and theta that is NaN or inf (or above ``bound``), the index
+    of its first bad entry and the value there."""
+    if bool(within.all()):
+        return
+    members = f" (members {torch.nonzero(~within).flatten().tolist()})" if within.ndim else ""
+    fields = (("x", state.x), ("x_tilde", state.x_tilde), ("theta", state.theta))
+    for field, tree in fields:
+        for path, leaf in leaves_with_paths(tree):
+            if not isinstance(leaf, torch.Tensor) or leaf.numel() == 0:
+                continue
+            bad = ~torch.isfinite(leaf) if bound is None else ~(leaf.abs() <= bound)
+            if not bool(bad.any()):
+                continue
+            index = tuple(int(i) for i in torch.nonzero(bad)[0])
+            value = float(leaf[index])
+            name = f"state.{field}{'' if path == '<root>' else path}"
+            what = "non-finite entries" + (f" or entries above bound={bound}" if bound else "")
+            where = ", ".join(map(str, index))
+            raise ValueError(
+                f"the initial state has {what}{members}: {name}[{where}] = {value:.6g}, the first of "
+                f"{int(bad.sum())} in {name} of shape {tuple(leaf.shape)}. Every entry of x, x_tilde and theta must "
+                f"be finite{f' and within bound={bound}' if bound else ''} before the first step: fix how {name} "
+                f"was made (the initial theta or x0, an edit of the state, a diverged run or its checkpoint)"
+            )
+    raise ValueError(f"the initial state has non-finite entries{members}")
+
+
 def check_same_structure(tree: Any, reference: Any, name: str, reference_name: str) -> None:
     if optree.tree_structure(tree) != optree.tree_structure(reference):
         raise ValueError(
@@ -200,6 +229,7 @@ __all__ = [
     "check_count",
     "check_dt",
     "check_dtype",
+    "check_initial_state",
     "check_lr",
     "check_same_structure",
     "check_tensor",

@@ -12,7 +12,8 @@ p_n is exactly the probability of at least one event of a Poisson clock of rate 
 so the scheme has weak order 1 like Euler's. U_n and z_n come from extra columns of the step's increment:
 a jump SDE's increment has m + 1 + q columns, the Brownian dW (m) and w = 1 + q more, each N(0, h) like
 dW; U = Phi(w_0 / sqrt(h)) and z is the mark made from the normals w_{1..q} / sqrt(h) (an affine map for
-Normal and MultivariateNormal marks, the inverse CDF otherwise). So every noise source, its position,
+Normal and MultivariateNormal marks; for a finite support s_0 < ... < s_{K-1} (Bernoulli, Categorical), the
+point s_k with k = #{j : F(s_j) < Phi(w)}; the inverse CDF otherwise). So every noise source, its position,
 checkpoints and resume cover the jump draws, and a fixed increment fixes the events.
 
 Sensitivities. With the events fixed, the jump's derivative is the chain's:
@@ -49,6 +50,22 @@ def _affine(marks: dist.Distribution) -> bool:
     return isinstance(marks, dist.Independent) and isinstance(marks.base_dist, dist.Normal)
 
 
+def _discrete(base: dist.Distribution) -> bool:
+    """True for marks of a finite support whose elements are numbers (Bernoulli, Categorical, Binomial)."""
+    return bool(base.has_enumerate_support) and tuple(base.event_shape) == ()
+
+
+def _counted(base: dist.Distribution, uniform: torch.Tensor) -> torch.Tensor:
+    """Marks of a finite support from uniforms (N, *batch): the inverse CDF by counting, z = s_k with k the
+    number of support points s_j (in order) whose CDF F(s_j) = P(z <= s_j) is below u, so P(z = s_k) = p_k."""
+    support = base.enumerate_support(expand=True)  # (K, *batch)
+    cdf = base.log_prob(support).exp().to(uniform.dtype).cumsum(0)
+    below = (cdf.unsqueeze(0) < uniform.unsqueeze(1)).sum(1)  # (N, *batch)
+    index = below.clamp(max=support.shape[0] - 1)  # u above a CDF that rounds below 1: the last point
+    points = support.to(uniform.dtype).unsqueeze(0).expand(uniform.shape[0], *support.shape)
+    return points.gather(1, index.unsqueeze(1)).squeeze(1)
+
+
 def _check_marks(marks: Any) -> tuple[int, ...]:
     """The event shape of ``marks`` (() or (q,)), or a clear error for what cannot be drawn from normals."""
     if marks is None:
@@ -68,13 +85,16 @@ def _check_marks(marks: Any) -> tuple[int, ...]:
         raise ValueError(f"Jumps(marks=...) must have event shape () or (q,), got {event}")
     if not _affine(marks):
         base = marks.base_dist if isinstance(marks, dist.Independent) else marks
+        if _discrete(base):
+            return event
         try:
             base.icdf(torch.full(tuple(base.batch_shape), 0.5))
         except NotImplementedError:
             raise ValueError(
                 f"Jumps(marks={type(base).__name__}(...)): fwdtrain draws marks from the run's normal stream, by "
-                f"an affine map (Normal, MultivariateNormal) or the inverse CDF, which {type(base).__name__} does "
-                f"not implement; use a distribution with icdf (Exponential, Uniform, Laplace, Cauchy, ...)"
+                f"an affine map (Normal, MultivariateNormal), by counting a finite support's CDF (Bernoulli, "
+                f"Categorical, Binomial) or by the inverse CDF, which {type(base).__name__} does not implement; use "
+                f"a distribution with icdf (Exponential, Uniform, Laplace, Cauchy, ...) or a finite support"
             ) from None
     return event
 
@@ -96,14 +116,17 @@ class Jumps:
 
     Args:
         size: The jump at an event: ``size(theta, x, z)`` for an ``SDE``, ``size(x, u, z)`` for a
-            ``ControlledSDE``, shape (d,), x the state before the jump and z the event's mark.
+            ``ControlledSDE``, shape (d,), x the state before the jump and z the event's mark. For a 1-D state
+            a 0-d value is the jump of its one entry (``size=lambda x, u, z: z`` with a scalar mark).
         rate: The intensity lambda > 0: a number (compound Poisson, events independent of theta and x) or a
             function ``rate(theta, x)`` (``rate(x, u)`` for a ``ControlledSDE``) returning a 0-d tensor
             (e.g. through ``softplus`` to stay positive); its dependence on theta and x enters the gradient
             through the score of the events (see the module docstring).
         marks: A ``torch.distributions.Distribution`` of one mark, event shape () or (q,) (Normal,
-            MultivariateNormal, Independent(Normal), or any with an inverse CDF: Exponential, Uniform, ...),
-            or None: no marks (every z is then the 0-d tensor 1, so ``size`` is the jump itself).
+            MultivariateNormal, Independent(Normal), any with an inverse CDF: Exponential, Uniform, ..., or
+            a finite support: Bernoulli, Categorical, Binomial, drawn by counting its CDF; every mark is then a
+            float of the state's dtype), or None: no marks (every z is then the 0-d tensor 1, so ``size`` is the
+            jump itself).
 
     Raises:
         TypeError: ``size`` not callable, ``rate`` neither a number nor callable, ``marks`` not a distribution.
@@ -136,6 +159,13 @@ class Jumps:
         """q, the numbers of one mark (0 without marks)."""
         return 0 if self.marks is None else math.prod(self.event_shape)
 
+    def size_of(self, *args: Any, x: torch.Tensor) -> torch.Tensor:
+        """The jump (d,) at one particle x (d,): ``size(*args)``, a 0-d value read as (1,) when d = 1."""
+        value = self.size(*args)
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and x.shape[-1] == 1:
+            return value.unsqueeze(-1)
+        return value
+
     def unit_marks(self, like: torch.Tensor) -> torch.Tensor:
         """The marks of N events without a distribution: ones (N,) like ``like`` (N, ...)."""
         return like.new_ones(like.shape[:1])
@@ -156,6 +186,8 @@ class Jumps:
         if isinstance(base, dist.Normal):
             return u, base.loc.to(dtype) + base.scale.to(dtype) * shaped
         uniform = torch.special.ndtr(shaped).clamp(_EDGE, 1 - _EDGE)
+        if _discrete(base):
+            return u, _counted(base, uniform)
         return u, base.icdf(uniform).to(dtype)
 
     def rate_of(self, *args: Any, like: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,7 @@ class SDE:
     def jump_size(self, theta: Theta, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The jump (d,) at an event with mark z, from the state x (d,) before it: ``jumps.size(theta, x, z)``."""
         assert self.jumps is not None
-        return self.jumps.size(theta, x, z)
+        return self.jumps.size_of(theta, x, z, x=x)
 
     def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
         """The intensity lambda (0-d) at one particle x (d,): ``jumps.rate(theta, x)``, or the constant."""
@@ -281,7 +281,7 @@ class ControlledSDE(SDE):
     def jump_size(self, theta: Theta, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """``jumps.size(x, u, z)`` with u = control(theta, x), x the state before the jump."""
         assert self.jumps is not None
-        return self.jumps.size(x, self.control(theta, x), z)
+        return self.jumps.size_of(x, self.control(theta, x), z, x=x)
 
     def jump_rate(self, theta: Theta, x: torch.Tensor) -> torch.Tensor:
         """``jumps.rate(x, u)`` with u = control(theta, x), or the constant rate."""
@@ -301,7 +301,7 @@ class ControlledSDE(SDE):
         }
         if event is not None:
             assert self.jumps is not None
-            value["jump"] = self.jumps.size(x, u, event.z) * event.dn
+            value["jump"] = self.jumps.size_of(x, u, event.z, x=x) * event.dn
             if "likelihood" in names:
                 value["likelihood"] = likelihood(event.dn, self.jumps.rate_of(x, u, like=x), event.dt)
         return value

@@ -218,6 +218,40 @@ def check_finite(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> N
             )
 
 
+_TRACE_RULE = (
+    "A pure function must run batched: no .item(), float(), int(), bool(), .tolist() or .numpy() of a tensor and "
+    "no Python if/while/and/or on tensor values; write a branch as torch.where(x[0] > 0, a, b) and keep numbers "
+    "as tensors"
+)
+
+
+def check_transformable(sde: SDE, theta: Theta, x: torch.Tensor, name: str = "x0") -> None:
+    """Evaluate each of the SDE's functions (control, drift, diffusion, cost, the jumps' size and rate) once under
+    ``torch.func.vmap`` over a batch of one (theta, x), as the steps batch particles and an ensemble batches runs;
+    a function that reads a tensor's value (``.item()``, ``float(x)``, a Python ``if`` on a tensor) is refused by
+    name, before the first step. Only on concrete values (skipped inside the user's own transforms)."""
+    if not _checks.is_concrete(x) or not all(_checks.is_concrete(leaf) for leaf in leaves(theta)):
+        return
+    parts: list[tuple[str, Any]] = [(f"SDE's {field}", function) for field, function in sde.parts()]
+    if sde.jumps is not None:
+        _, z = sde.jumps.draws(torch.zeros((1, sde.jumps.width), dtype=x.dtype, device=x.device))
+        parts.append(("jumps' size", lambda th, y: sde.jump_size(th, y, z[0])))
+        parts.append(("jumps' rate", sde.jump_rate))
+    batched = tree_map(lambda leaf: leaf.unsqueeze(0), theta), x.unsqueeze(0)
+    for field, function in parts:
+        try:
+            torch.func.vmap(function)(*batched)
+        except Exception as error:
+            reason = str(error).splitlines()[0].rstrip(". ") if str(error) else ""
+            label = getattr(function, "__qualname__", "<lambda>")
+            if "<lambda>" not in label and not getattr(function, "__module__", "fwdtrain").startswith("fwdtrain"):
+                field += f" ({label})"
+            raise ValueError(
+                f"the {field} runs at {name} but not batched, as every step runs it over the particles "
+                f"(torch.func.vmap): {type(error).__name__}: {reason}. {_TRACE_RULE}"
+            ) from error
+
+
 def noise_dim(sde: SDE, theta: Theta, x: torch.Tensor) -> int:
     """The columns of one step's increment (x (d,) or (N, d)): m, the dimension of the Brownian motion (sigma's
     columns, or d for diagonal noise), plus the jumps' w = 1 + q draws (``fwdtrain.core.jumps``)."""
@@ -281,7 +315,9 @@ def init(
         TypeError: ``sde`` is not an SDE; a function returns another dtype or a non-tensor; theta is not
             floating.
         ValueError: Bad shapes (x0, particles, the drift's, diffusion's or cost's), a function that raises
-            or is not finite at x0 (named), or a declared noise type that does not hold.
+            or is not finite at x0 (named), a function that reads a tensor's value (``.item()``, a Python
+            ``if`` on a tensor: named, as it cannot run batched over the particles), or a declared noise type
+            that does not hold.
     """
     if not isinstance(sde, SDE):
         raise TypeError(f"init(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
@@ -306,6 +342,7 @@ def init(
     theta = tree_map(torch.clone, theta)
     evaluate_once(sde, theta, x[0])
     check_finite(sde, theta, x[0])
+    check_transformable(sde, theta, x[0])
     check_noise_type(sde, theta, x[0])
     x_tilde = tree_map(lambda leaf: torch.zeros((n, x.shape[1], *leaf.shape), dtype=dtype, device=device), theta)
     state = State(
@@ -314,4 +351,14 @@ def init(
     return with_optimizer(state, optimizer, average_from=average_from)
 
 
-__all__ = ["State", "check_finite", "empty_score", "evaluate_once", "init", "noise_dim", "summary", "with_optimizer"]
+__all__ = [
+    "State",
+    "check_finite",
+    "check_transformable",
+    "empty_score",
+    "evaluate_once",
+    "init",
+    "noise_dim",
+    "summary",
+    "with_optimizer",
+]

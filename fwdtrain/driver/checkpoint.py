@@ -110,6 +110,24 @@ def _digest(value: Any) -> str:
     return h.hexdigest()
 
 
+def check_folder(path: str | os.PathLike, what: str = "checkpoint") -> str:
+    """The folder of ``path`` (absolute); ``CheckpointError`` when ``path`` is itself a folder or its folder does
+    not exist (or is a file), naming the path the user chose and the fix."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CheckpointError(
+            f"the {what} path {path!r} is a folder; name a file, e.g. "
+            f"{os.path.join(path, 'run.pt' if what == 'checkpoint' else 'run.png')!r}"
+        )
+    if not os.path.isdir(folder):
+        state = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise CheckpointError(
+            f"cannot write the {what} {path!r}: its folder {folder!r} {state}; create the folder or choose another path"
+        )
+    return folder
+
+
 def save(
     path: str | os.PathLike, state: State, history: History | None = None, *, metadata: dict | None = None
 ) -> None:
@@ -128,6 +146,8 @@ def save(
 
     Raises:
         TypeError: A state, history or metadata of the wrong type, or a value a checkpoint cannot hold.
+        CheckpointError: ``path`` is a folder, its folder does not exist or cannot be written (checked before
+            anything is written, naming ``path``).
         OSError: The file could not be written.
     """
     if not isinstance(state, State):
@@ -149,9 +169,15 @@ def save(
     }
     payload = {"format": FORMAT, "version": VERSION, "digest": _digest(content), "content": content}
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = check_folder(path)
     prefix = _temporary_prefix(path)
-    fd, temporary = tempfile.mkstemp(prefix=prefix, dir=folder)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=prefix, dir=folder)
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot write the checkpoint {path!r}: the folder {folder!r} is not writable "
+            f"({error.strerror or error}); choose another path"
+        ) from None
     started = os.fstat(fd).st_mtime_ns
     try:
         with os.fdopen(fd, "wb") as file:
@@ -510,4 +536,4 @@ def check_compatible(
             )
 
 
-__all__ = ["Checkpoint", "CheckpointError", "check_compatible", "load", "save"]
+__all__ = ["Checkpoint", "CheckpointError", "check_compatible", "check_folder", "load", "save"]

@@ -34,6 +34,7 @@ from ..core import _checks
 from ..core.errors import CheckpointError, CheckpointWriteError
 from ..core.history import History
 from ..core.state import State
+from .checkpoint import check_folder
 from .checkpoint import save as save_checkpoint
 
 
@@ -229,17 +230,7 @@ def probe(path: str | os.PathLike, what: str = "checkpoint") -> None:
     """Raise ``CheckpointError`` unless a file (a ``what``) can be written at ``path``: its folder exists and a
     file can be created and removed there (checked by doing so)."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CheckpointError(
-            f"the {what} path {path!r} is a folder; name a file, e.g. "
-            f"{os.path.join(path, 'run.pt' if what == 'checkpoint' else 'run.png')!r}"
-        )
-    if not os.path.isdir(folder):
-        state = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
-        raise CheckpointError(
-            f"cannot write the {what} {path!r}: its folder {folder!r} {state}; create the folder or choose another path"
-        )
+    folder = check_folder(path, what)
     try:
         fd, trial = tempfile.mkstemp(prefix=".probe-" + os.path.basename(path) + "-", dir=folder)
         os.close(fd)

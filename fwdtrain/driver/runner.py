@@ -127,11 +127,7 @@ def setup(
     schedule = trainable.schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
         check_learning_rate(schedule, t, lr)
-    initial = trainable.within(state, checks.bound)
-    if not bool(initial.all()):
-        which = f" (members {torch.nonzero(~initial).flatten().tolist()})" if initial.ndim else ""
-        above = f" or entries above bound={checks.bound}" if checks.bound else ""
-        raise ValueError(f"the initial state has non-finite entries{above}{which}")
+    _checks.check_initial_state(trainable.within(state, checks.bound), state, checks.bound)
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
     source = _positioned(source, first, history)

@@ -18,7 +18,7 @@ import torch
 from torch.func import vmap
 
 from ..core import _checks
-from ..core._tree import leaves
+from ..core._tree import leaves, leaves_with_paths
 from ..core.problem import SDE
 from ..core.sensitivity import Plan
 from ..core.solvers import EULER, Solver
@@ -135,7 +135,10 @@ class CostForm(Trainable):
     def check(self, state: State, dt: Any, lr: Any) -> None:
         if not isinstance(state, State):
             raise TypeError(f"expected a fwdtrain.State (from fwdtrain.init), got {type(state).__name__}")
-        evaluate_once(self.sde, state.theta, state.x[0], name="state.x[0]")
+        try:
+            evaluate_once(self.sde, state.theta, state.x[0], name="state.x[0]")
+        except Exception as error:
+            raise ValueError(unfit(error, state)) from error
         m = noise_dim(self.sde, state.theta, state.x)
         dw = torch.zeros((state.particles, max(m, 1)), dtype=state.x.dtype, device=state.x.device)
         check_step_inputs(self.sde, state, dw, dt, lr, self.optimizer)
@@ -154,6 +157,26 @@ class CostForm(Trainable):
 
     def nonfinite(self, state: State) -> str | None:
         return nonfinite_part(self.sde.parts(), state)
+
+
+def unfit(error: Exception, state: State) -> str:
+    """The message for a state (a checkpoint's, a run's) at which the problem's functions fail: the failure, what
+    the state holds (theta's leaves and shapes, the particles' dimension) and, for a missing key, the parameter the
+    problem asks for that the state lacks."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    held = ", ".join(f"theta{path} {tuple(leaf.shape)}" for path, leaf in leaves_with_paths(state.theta)[:8])
+    more = ", ..." if len(leaves(state.theta)) > 8 else ""
+    asked = ""
+    if isinstance(cause, KeyError) and cause.args:
+        asked = f"; the problem asks theta for {cause.args[0]!r}, which the state's theta does not have"
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return (
+        f"the start's state does not fit this problem: {text}. The state holds {held}{more} and particles x "
+        f"{tuple(state.x.shape)} of dimension d = {state.x.shape[-1]}{asked}. A checkpoint or state resumes only "
+        f"with the problem (and model size) that made it: load it with that problem, or start anew with "
+        f"fwdtrain.init; fwdtrain.driver.check_compatible(checkpoint, theta, x0=x0) compares it leaf by leaf "
+        f"with your theta and x0"
+    )
 
 
 def nonfinite_part(parts: Any, state: State) -> str | None:
