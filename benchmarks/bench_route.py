@@ -131,12 +131,14 @@ def main(argv: list[str] | None = None) -> None:
             primed = Path(root) / "primed"  # another problem compiled: inductor set up, this kernel absent
             launch({**PRIME, "route": "True", "threads": args.threads, "quick": args.quick}, primed)
             for route in ROUTES:
-                spec = {**case, "route": route, "threads": args.threads, "quick": args.quick}
-                if name in ("mlp-2d", "segments"):
-                    spec["eager_steps"] = args.eager_steps
-                own, warm = Path(root) / f"own-{route}", Path(root) / f"warm-{route}"
-                shutil.copytree(primed, warm)
-                for machine_state, folder in (("fresh", own), ("again", own), ("warm", warm)):
+                shutil.copytree(primed, Path(root) / f"warm-{route}")
+            # machine by machine, the three routes one after the other: a load that drifts shifts them alike
+            for machine_state in ("fresh", "again", "warm"):
+                for route in ROUTES:
+                    spec = {**case, "route": route, "threads": args.threads, "quick": args.quick}
+                    if name in ("mlp-2d", "segments"):
+                        spec["eager_steps"] = args.eager_steps
+                    folder = Path(root) / (f"warm-{route}" if machine_state == "warm" else f"own-{route}")
                     times[(route, machine_state)] = launch(spec, folder)
                     print(f"{name:10s} {route:6s} {machine_state:5s} {times[(route, machine_state)]}", flush=True)
         for machine_state in MACHINES:
