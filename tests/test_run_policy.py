@@ -246,3 +246,19 @@ def test_ensemble_learning_rates_are_checked_per_member_at_both_ends():
         ft.ensemble.Ensemble(sde, 3), states, 20, DT, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     )
     assert final.t.shape == (3,) and not bool(history.diverged.any())
+
+
+def test_a_compiled_run_leaves_the_marker_that_auto_reads_as_its_kernel_on_disk():
+    """compile=True builds the kernel; the next "auto" run of the same step weighs a load, not a compile."""
+    sde, state = linear_problem()
+    quick = ft.Compile(True, route="dynamo", backend="eager")
+    auto = quick._replace(enabled="auto")
+    before = ft.driver.choose_route(sde, state, 40, DT, 0.5, 3, compile=auto)
+    assert "no kernel on disk" in before.reason
+    eager = ft.run(sde, state, 40, DT, 0.5, 3, compile=False)
+    assert "no kernel on disk" in ft.driver.choose_route(sde, state, 40, DT, 0.5, 3, compile=auto).reason
+    ft.run(sde, state, 40, DT, 0.5, 3, compile=quick)
+    after = ft.driver.choose_route(sde, state, 40, DT, 0.5, 3, compile=auto)
+    assert "kernel on disk" in after.reason and "no kernel" not in after.reason
+    assert after.compiled_s < before.compiled_s
+    assert eager.history.route == "eager"

@@ -98,7 +98,7 @@ class Loop:
     ) -> None:
         self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
-        self.previous, self.lr = previous, lr
+        self.previous, self.lr, self.options = previous, lr, options
         self.chunk = options.chunk  # steps of noise drawn at once
         self.flush_subnormals = options.flush_subnormals  # steps and events with subnormals read as zero
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts

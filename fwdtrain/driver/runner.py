@@ -271,12 +271,23 @@ def choose_route(
         return route.fixed(not isinstance(auto, steppers.Eager))
     if steps == 0:
         return route.Route(False, "no steps to take")
-    s, state = loop.stepping, loop.carry.state
-    dw = loop.source.draw(1)[0]
-    _, cost = route.count_step(
-        lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce), key=auto.signature_key
-    )
+    _, cost = steppers.counted_step(loop.stepping, loop.carry.state, loop.source.draw(1)[0], auto.options)
     return route.choose(cost, steps, auto.taken, route.on_disk(cost), route.compiler_set_up())
+
+
+def _leave_marker(loop: Loop) -> None:
+    """After a compiled run, the marker that tells a later ``compile="auto"`` run of this step that its kernel is
+    on disk (``route.mark_built``): from "auto"'s counted step, or, for ``compile=True``, one eager step counted
+    on the side (its result dropped; nothing where a gradient hook's collectives would run again)."""
+    if loop.route is None or not loop.route.compiled:
+        return
+    cost = loop.stepper.cost if isinstance(loop.stepper, steppers.Auto) else None
+    if cost is None and loop.stepping.reduce is None:
+        state = loop.carry.state
+        dw = torch.zeros(loop.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
+        _, cost = steppers.counted_step(loop.stepping, state, dw, loop.options)
+    if cost is not None:
+        route.mark_built(cost)
 
 
 def execute(loop: Loop) -> Run:
@@ -298,13 +309,7 @@ def execute(loop: Loop) -> Run:
         interrupted = True
         loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
         loop.record_now()
-    if (
-        isinstance(loop.stepper, steppers.Auto)
-        and loop.stepper.cost is not None
-        and loop.route is not None
-        and loop.route.compiled
-    ):
-        route.mark_built(loop.stepper.cost)  # the next "auto" run of this step finds its kernel on disk
+    _leave_marker(loop)
     previous = loop.previous
     if loop.carry.n == loop.start and previous is not None:
         result = Run(loop.carry.state, previous._replace(interrupted=torch.tensor(interrupted)))

@@ -295,6 +295,20 @@ def compiled(stepping: Stepping, state: State, block: torch.Tensor, options: Com
     return Compiled(s, kernel, block.shape[0], options, block)
 
 
+def signature_key(stepping: Stepping, options: Compile) -> str:
+    """What a compiled kernel of the step depends on besides the counted step's calls and shapes (``route``)."""
+    return f"{float(stepping.dt)!r}|{options.unroll}|{options.route}|{stepping.reduce is not None}"
+
+
+def counted_step(stepping: Stepping, state: State, dw: torch.Tensor, options: Compile) -> tuple[Any, route.StepCost]:
+    """One eager ``advance`` from ``state`` with ``dw``, counted (``route.count_step``): ((state, info), its cost)."""
+    s = stepping
+    return route.count_step(
+        lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce),
+        key=signature_key(stepping, options),
+    )
+
+
 class Auto:
     """``compile="auto"``: the run's first step eagerly, counted (``route.count_step``), then the route the rule
     chooses from that count and the steps (``route.choose``), passed through ``agree`` (a group takes rank 0's)."""
@@ -318,22 +332,13 @@ class Auto:
     def route(self) -> str:
         return "eager" if self.chosen is None else self.chosen.route
 
-    @property
-    def signature_key(self) -> str:
-        """What the compiled kernel depends on besides the counted step's calls and shapes."""
-        return f"{self.s.dt!r}|{self.options.unroll}|{self.options.route}|{self.s.reduce is not None}"
-
     def steps(
         self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
     ) -> tuple[Carry, int | None]:
         if self.chosen is None and count > 0:
             s = self.s
             steps = self.end - carry.n
-            state, dw = carry.state, block[start]
-            (new, info), self.cost = route.count_step(
-                lambda: s.problem.advance(state, dw, s.dt, s.schedule(state.t), s.plan, s.reduce),
-                key=self.signature_key,
-            )
+            (new, info), self.cost = counted_step(s, carry.state, block[start], self.options)
             decision = route.choose(self.cost, steps, self.taken, route.on_disk(self.cost), route.compiler_set_up())
             compiling = self.agree(decision.compiled)
             self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
@@ -367,4 +372,16 @@ def stepper(
     return compiled(stepping, state, block, options)
 
 
-__all__ = ["Auto", "Carry", "Compiled", "Eager", "Split", "Stepping", "block_rates", "compiled", "stepper"]
+__all__ = [
+    "Auto",
+    "Carry",
+    "Compiled",
+    "Eager",
+    "Split",
+    "Stepping",
+    "block_rates",
+    "compiled",
+    "counted_step",
+    "signature_key",
+    "stepper",
+]
