@@ -122,7 +122,7 @@ def test_auto_compiles_when_the_rule_says_so_and_leaves_its_marker(monkeypatch):
     torch.compile "eager" backend here); the result equals the eager run to rounding; the run leaves the
     marker that tells the next run its kernel is on disk."""
     sde, state = linear_problem()
-    monkeypatch.setattr(route, "choose", lambda cost, steps, taken, warm, set_up: route.Route(True, f"warm={warm}"))
+    monkeypatch.setattr(route, "choose", lambda cost, steps, taken, warm, *_: route.Route(True, f"warm={warm}"))
     options = ft.Compile("auto", route="dynamo", backend="eager")
     loop = ft.driver.setup(sde, state, 40, DT, 0.5, 3, compile=options)
     result = ft.driver.execute(loop)
@@ -262,3 +262,22 @@ def test_a_compiled_run_leaves_the_marker_that_auto_reads_as_its_kernel_on_disk(
     assert "kernel on disk" in after.reason and "no kernel" not in after.reason
     assert after.compiled_s < before.compiled_s
     assert eager.history.route == "eager"
+
+
+def test_a_short_job_launched_again_and_again_compiles_once_its_eager_launches_pay(monkeypatch):
+    """Each "auto" launch kept eager adds its steps to the cache's count for the step (route.eager_spent); the
+    rule weighs them, so a job too short to pay for a compile alone compiles on the launch where the earlier
+    ones would have paid for it, and the next launch finds its kernel on disk."""
+    sde, state = linear_problem()
+    quick = ft.Compile("auto", route="dynamo", backend="eager")
+    _, counted = route.count_step(lambda: None)
+    step = route.StepCost(100, 100, counted.signature)
+    gain = route.OP_SECONDS * step.ops + (route.NUMBER_SECONDS - route.COMPILED_NUMBER_SECONDS) * step.numbers
+    monkeypatch.setattr(route, "COMPILE_SECONDS", gain * 100)  # 100 steps' gain
+    for constant in ("COMPILE_SECONDS_PER_OP", "TRACE_SECONDS", "LOAD_SECONDS", "SETUP_SECONDS"):
+        monkeypatch.setattr(route, constant, 0.0)
+    real = route.count_step
+    monkeypatch.setattr(route, "count_step", lambda fn, key="": (real(fn, key)[0], step))
+    launches = [ft.run(sde, state, 40, DT, 0.5, 3, compile=quick).history.route for _ in range(4)]
+    assert launches == ["eager", "eager", "compiled", "compiled"]  # 40 + 80 > 100 weighed steps on the third
+    assert route.eager_spent(step) == 80 and route.on_disk(step)

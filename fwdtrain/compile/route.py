@@ -9,13 +9,16 @@ measured once on a 2-core CPU (``benchmarks/bench_route.py`` measures them again
     C = TRACE_SECONDS + LOAD_SECONDS                       when a kernel of this step is on disk, else
         TRACE_SECONDS + COMPILE_SECONDS + COMPILE_SECONDS_PER_OP x ops
             (+ SETUP_SECONDS where inductor was never set up in this cache: its probe and headers)
-    S = the steps this call takes + CONTINUED_WEIGHT x the steps the run took before it (its history)
+    S = the steps this call takes + the larger of CONTINUED_WEIGHT x the steps the run took before it (its
+        history) and the steps earlier "auto" runs of this step kept eager in this cache (``eager_spent``)
 
 and the run compiles iff S (E - K) > C. Nothing else counts: the same call on the same machine and cache
 takes the same route, whatever the process ran before. ``S`` weighs the steps a continued run has taken,
 so that a run continued in short segments compiles once it has run long enough for compiling to pay:
 by then it has spent about C / CONTINUED_WEIGHT eagerly, which bounds its loss to about 1 + 1 /
-CONTINUED_WEIGHT times the better route in hindsight.
+CONTINUED_WEIGHT times the better route in hindsight. A short job launched again and again (the same step
+in the same cache) compiles once the eager steps its launches spent would have paid for the compile (the
+ski-rental rule: never much more than twice the better choice in hindsight), and loads its kernel after.
 
 "A kernel of this step is on disk" is read from a marker that a compiled run leaves in the cache
 (``routes/<signature>``): the signature hashes the counted step's calls and shapes, dt, the options,
@@ -25,6 +28,7 @@ the torch version and the CPU (``cache.machine``).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -126,6 +130,30 @@ def mark_built(cost: StepCost) -> None:
         pass
 
 
+def _spent_file(signature: str) -> Any:
+    return cache.cache_dir() / "routes" / f"{signature}.eager"
+
+
+def eager_spent(cost: StepCost) -> int:
+    """The steps that "auto" runs of a step with this signature kept eager in this cache (``spend_eager``)."""
+    try:
+        return max(int(_spent_file(cost.signature).read_text()), 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def spend_eager(cost: StepCost, steps: int) -> None:
+    """Add ``steps`` to ``eager_spent`` (best effort; processes racing may lose a count, never the cache)."""
+    path = _spent_file(cost.signature)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(str(eager_spent(cost) + steps))
+        os.replace(temporary, path)
+    except OSError:
+        pass
+
+
 def compiler_set_up() -> bool:
     """Whether inductor was set up in the caches a compile would use (a compile there before)."""
     return _compat.compiler_set_up(cache.cache_dir())
@@ -141,10 +169,11 @@ def estimates(cost: StepCost, steps: int, warm: bool, set_up: bool = True) -> tu
     return steps * eager_step, TRACE_SECONDS + build + steps * compiled_step
 
 
-def choose(cost: StepCost, steps: int, taken: int, warm: bool, set_up: bool = True) -> Route:
-    """The rule: compiled iff S (E - K) > C, S = ``steps`` + CONTINUED_WEIGHT x ``taken``; ``warm``: a kernel of
-    this step is on disk; ``set_up``: inductor was set up in this cache."""
-    weighted = steps + CONTINUED_WEIGHT * taken
+def choose(cost: StepCost, steps: int, taken: int, warm: bool, set_up: bool = True, spent: int = 0) -> Route:
+    """The rule: compiled iff S (E - K) > C, S = ``steps`` + max(CONTINUED_WEIGHT x ``taken``, ``spent``);
+    ``taken``: the steps of the run before this call; ``spent``: the eager steps of earlier "auto" runs of this
+    step in this cache; ``warm``: a kernel of this step is on disk; ``set_up``: inductor was set up here."""
+    weighted = steps + max(CONTINUED_WEIGHT * taken, spent)
     eager_s, compiled_s = estimates(cost, weighted, warm, set_up)
     on = "kernel on disk" if warm else ("no kernel on disk" if set_up else "no kernel on disk, compiler not set up")
     counted = f"{cost.ops} ATen calls a step, {weighted} steps weighed, {on}"
@@ -177,8 +206,10 @@ __all__ = [
     "choose",
     "compiler_set_up",
     "count_step",
+    "eager_spent",
     "estimates",
     "fixed",
     "mark_built",
     "on_disk",
+    "spend_eager",
 ]

@@ -272,14 +272,19 @@ def choose_route(
     if steps == 0:
         return route.Route(False, "no steps to take")
     _, cost = steppers.counted_step(loop.stepping, loop.carry.state, loop.source.draw(1)[0], auto.options)
-    return route.choose(cost, steps, auto.taken, route.on_disk(cost), route.compiler_set_up())
+    return route.choose(cost, steps, auto.taken, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost))
 
 
 def _leave_marker(loop: Loop) -> None:
-    """After a compiled run, the marker that tells a later ``compile="auto"`` run of this step that its kernel is
-    on disk (``route.mark_built``): from "auto"'s counted step, or, for ``compile=True``, one eager step counted
-    on the side (its result dropped; nothing where a gradient hook's collectives would run again)."""
-    if loop.route is None or not loop.route.compiled:
+    """What a later ``compile="auto"`` run of this step reads in the cache: after a compiled run, the marker of its
+    kernel on disk (``route.mark_built``: from "auto"'s counted step, or, for ``compile=True``, one eager step
+    counted on the side, its result dropped; nothing where a gradient hook's collectives would run again); after
+    an "auto" run kept eager, the eager steps it spent (``route.spend_eager``)."""
+    if loop.route is None:
+        return
+    if not loop.route.compiled:
+        if isinstance(loop.stepper, steppers.Auto) and loop.stepper.cost is not None:
+            route.spend_eager(loop.stepper.cost, loop.carry.n - loop.start)  # what a later launch weighs
         return
     cost = loop.stepper.cost if isinstance(loop.stepper, steppers.Auto) else None
     if cost is None and loop.stepping.reduce is None:

@@ -339,7 +339,14 @@ class Auto:
             s = self.s
             steps = self.end - carry.n
             (new, info), self.cost = counted_step(s, carry.state, block[start], self.options)
-            decision = route.choose(self.cost, steps, self.taken, route.on_disk(self.cost), route.compiler_set_up())
+            decision = route.choose(
+                self.cost,
+                steps,
+                self.taken,
+                route.on_disk(self.cost),
+                route.compiler_set_up(),
+                route.eager_spent(self.cost),
+            )
             compiling = self.agree(decision.compiled)
             self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
             self.chosen = (
