@@ -206,7 +206,7 @@ def with_problem(argv: list[str]) -> list[str]:
     if argv and argv[0] in (*examples.REGISTRY, "-h", "--help"):
         return argv
     if argv and not argv[0].startswith("-"):
-        names = sorted(examples.REGISTRY)
+        names = sorted([*examples.REGISTRY, *examples.EVENT_REGISTRY])
         close = difflib.get_close_matches(argv[0].lower(), names, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UsageError(f"unknown problem {argv[0]!r}{hint} The problems are: {', '.join(names)}")
