@@ -13,7 +13,8 @@ from .. import examples
 from ..events import goodness, qq_plot
 
 
-def _parser(name: str) -> argparse.ArgumentParser:
+def events_parser(name: str) -> argparse.ArgumentParser:
+    """The options of the event-stream example ``name``."""
     builder = examples.EVENT_REGISTRY[name]
     parser = argparse.ArgumentParser(prog=f"fwdtrain {name}", description=getattr(builder, "summary", name))
     parser.add_argument("--end-time", type=float, default=None, help="the observation window's end")
@@ -47,7 +48,7 @@ def _figure(example: Any, result: Any, path: str) -> None:
 
 def run_events(name: str, argv: list[str]) -> int:
     """Simulate, fit and report one event-stream example; the exit status."""
-    args = _parser(name).parse_args(argv)
+    args = events_parser(name).parse_args(argv)
     options = {"seed": args.seed} | ({} if args.end_time is None else {"end_time": args.end_time})
     example = examples.EVENT_REGISTRY[name](**options)
     started = time.perf_counter()
@@ -78,4 +79,4 @@ def run_events(name: str, argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["run_events"]
+__all__ = ["events_parser", "run_events"]

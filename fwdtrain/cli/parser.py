@@ -13,6 +13,7 @@ import torch
 
 from .. import examples, optim
 from ..core.solvers import SOLVERS
+from .events import events_parser
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -216,6 +217,8 @@ def with_problem(argv: list[str]) -> list[str]:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     """(the options, whether the problem was named). ``UsageError`` for a bad command line; SystemExit(0)
     for --help."""
+    if argv and argv[0] in examples.EVENT_REGISTRY:  # event streams: their own options (``cli.events``)
+        return events_parser(argv[0]).parse_args(argv[1:]), True
     named = bool(argv) and argv[0] in examples.REGISTRY
     helping = any(word in ("-h", "--help") for word in argv)
     args = build_parser(helping).parse_args(with_problem(argv))
