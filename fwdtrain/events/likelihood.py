@@ -28,7 +28,7 @@ import torch
 from torch.func import vmap
 
 from .data import D64, EventData, ties
-from .expsums import exponential_sums
+from .expsums import exponential_sums, linear_scan
 from .models import EventModel
 
 _NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
@@ -112,6 +112,8 @@ def chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece) -> tuple[Ca
     """(the carry after the chunk, log lambda_{k_i}(t_i-) (R, b) (0 on padding), compensators (R, b, K))."""
     if model.kernel is not None:
         return _exponential_chunk(model, theta, carry, piece)
+    if model.additive and model.decay is not None:
+        return _additive_chunk(model, theta, carry, piece)
     return _sequential_chunk(model, theta, carry, piece)
 
 
@@ -264,6 +266,36 @@ def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, 
         y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
         compensator = compensator + h / 6 * (r1 + 2 * r2 + 2 * r3 + r4)
     return y, compensator
+
+
+def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+    """Jumps that do not depend on Y and a closed-form decay: Y(t_i-) = exp(-decay dt_i) (Y(t_{i-1}-) + J_{i-1})
+    is a linear recursion, evaluated as a scan over the whole chunk, and each interval's compensator by
+    Gauss-Legendre on as many pieces as the chunk's longest interval needs, all intervals at once."""
+    y0, left0 = carry.state
+    r, b = piece.times.shape
+    decay = model.decay(theta)  # type: ignore[misc]
+    flat = piece.marks.reshape(r * b, -1)
+    zeros = y0.new_zeros((r * b, model.dimension))
+    jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, zeros, piece.types.reshape(-1), flat)
+    jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(D64)
+    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)  # (R, b)
+    fades = torch.exp(-gaps[..., None] * decay)
+    after = torch.cat([y0[:, None], jumps[:, :-1]], 1)  # what each interval starts from, beyond the decayed state
+    before = linear_scan(fades, fades * after)  # Y(t_i-), in index order
+    starts = torch.cat([y0[:, None], (before + jumps)[:, :-1]], 1)  # Y just after the previous event
+    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
+    left = torch.gather(before, 1, group[..., None].expand(r, b, model.dimension))
+    left = torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
+    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
+    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
+    pieces_ = max(piece.substeps, default=1)
+    unit = (torch.arange(pieces_, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / pieces_  # (M Q,)
+    path = starts[:, :, None, :] * torch.exp(-(gaps[..., None] * unit)[..., None] * decay)  # (R, b, M Q, d)
+    weights = _WEIGHTS.repeat(pieces_) / (2 * pieces_)
+    compensator = (_rates(model, theta, path) * weights[:, None]).sum(2) * gaps[..., None]
+    end = before[:, -1] + jumps[:, -1]
+    return Carry((end, left[:, -1]), piece.times[:, -1]), log_rate, compensator
 
 
 def _sequential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):

@@ -57,6 +57,7 @@ class EventModel(NamedTuple):
     kernel: ExponentialKernel | None = None
     step: float = 0.1
     bound: Callable[[Any, torch.Tensor, float], torch.Tensor] | None = None
+    additive: bool = False  # jump(theta, y, k, z) does not depend on y (with a decay: a vectorised engine)
 
 
 def pack(model: EventModel, theta: dict[str, Any]) -> torch.Tensor:
@@ -181,13 +182,15 @@ def intensity_model(
     start: dict[str, Any] | Callable[[EventData], dict[str, Any]] | None = None,
     step: float = 0.1,
     bound: Callable[[Any, torch.Tensor, float], torch.Tensor] | None = None,
+    additive: bool = False,
 ) -> EventModel:
     """A user's model: ``rate(theta, y) -> (K,)`` for y (d,) (``dimension`` d, ``types`` K), the flow between
     events by ``decay(theta) -> (d,)`` (closed form) or ``drift(theta, y) -> (d,)`` (RK4 steps of at most
     ``step``; None and no decay: Y constant), ``jump(theta, y, k, z) -> (d,)`` (k a 0-d int tensor, z the mark
     (q,); None: no jumps). ``parameters`` maps names to ``Parameter(shape, positive)`` (or a shape tuple:
     real). ``start``: a default theta. ``bound(theta, y, horizon) -> (K,)``: bounds of the intensities over
-    ``horizon`` (for ``simulate``)."""
+    ``horizon`` (for ``simulate``). ``additive=True`` declares that ``jump`` does not depend on y: with a ``decay``,
+    the likelihood is then vectorised over the events (a scan) instead of a loop."""
     if not callable(rate):
         raise TypeError(f"intensity_model(rate=...) must be a function (theta, y) -> (K,), got {type(rate).__name__}")
     if drift is not None and decay is not None:
@@ -258,6 +261,7 @@ def order_book(hidden: int = 0, sizes: bool = True) -> EventModel:
         decay=lambda theta: theta["kappa"].reshape(1),
         step=1.0,  # 8 Gauss-Legendre nodes per unit of time: the flow is a smooth exponential
         bound=bound,
+        additive=True,
     )
 
 
