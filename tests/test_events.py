@@ -385,3 +385,78 @@ def test_tables_from_numpy_torch_and_pandas_and_a_lobster_file(tmp_path):
 def test_bad_event_data_is_refused_before_any_work(call, message):
     with pytest.raises((ValueError, KeyError), match=message):
         call()
+
+
+def _brute_log_likelihood(timestamps, end, baseline, kernel):
+    """sum log lambda_k(t-) - int sum lambda, kernel(i, j, lag) and its integral from 0 to lag, by double loops."""
+    events = sorted((t, k) for k, times in enumerate(timestamps) for t in times)
+    value = 0.0
+    for t, k in events:
+        value += math.log(baseline[k] + sum(kernel(k, j, t - s)[0] for s, j in events if s < t))
+    value -= sum(baseline) * end
+    value -= sum(kernel(i, j, end - s)[1] for s, j in events for i in range(len(baseline)))
+    return value
+
+
+def test_row_decays_and_sums_of_exponentials_equal_a_brute_force_likelihood():
+    timestamps = [np.array([0.3, 1.1, 2.0, 4.2]), np.array([0.9, 2.0, 3.3])]
+    baseline = [0.4, 0.3]
+    row = {"baseline": baseline, "adjacency": [[0.3, 0.2], [0.1, 0.5]], "decay": [1.3, 0.6]}
+
+    def row_kernel(i, j, lag):
+        a, b = row["adjacency"][i][j], row["decay"][i]
+        return a * b * math.exp(-b * lag), a * (1 - math.exp(-b * lag))
+
+    model = pp.hawkes(dimension=2, decay="row")
+    exact = _brute_log_likelihood(timestamps, 5.0, baseline, row_kernel)
+    data = pp.from_tick(timestamps, end_time=5.0)
+    theta = {name: torch.tensor(value, dtype=D64) for name, value in row.items()}
+    assert float(pp.log_likelihood(model, theta, ft.events.prepare(model, data))) == pytest.approx(exact, rel=1e-12)
+    decays = [0.5, 2.0]
+    adjacency = np.array([[[0.1, 0.2], [0.05, 0.1]], [[0.2, 0.0], [0.3, 0.1]]])  # tick's (K, K, U)
+
+    def sum_kernel(i, j, lag):
+        terms = [(a * b * math.exp(-b * lag), a * (1 - math.exp(-b * lag))) for a, b in zip(adjacency[i, j], decays)]
+        return sum(t[0] for t in terms), sum(t[1] for t in terms)
+
+    model = pp.hawkes(dimension=2, decays=decays)
+    exact = _brute_log_likelihood(timestamps, 5.0, baseline, sum_kernel)
+    theta = {"baseline": torch.tensor(baseline, dtype=D64), "adjacency": torch.tensor(adjacency + 1e-300)}
+    assert float(pp.log_likelihood(model, theta, ft.events.prepare(model, data))) == pytest.approx(exact, rel=1e-12)
+
+
+def test_a_general_drift_is_integrated_accurately_and_lbfgs_finds_the_newton_optimum():
+    def rate(theta, y):
+        return torch.nn.functional.softplus(theta["b"] + theta["w"] * y)
+
+    common = {
+        "parameters": {"b": (1,), "w": (1,), "k": pp.Parameter((), positive=True)},
+        "jump": lambda t, y, k, z: y**0,
+    }
+    decaying = pp.intensity_model(rate, decay=lambda theta: theta["k"].reshape(1), **common)
+    drifting = pp.intensity_model(rate, drift=lambda theta, y: -theta["k"] * y, step=0.05, **common)
+    theta = {
+        "b": torch.tensor([0.1], dtype=D64),
+        "w": torch.tensor([-0.7], dtype=D64),
+        "k": torch.tensor(0.8, dtype=D64),
+    }
+    data = pp.simulate(decaying, theta, 40.0, seed=4)
+    exact = pp.log_likelihood(decaying, theta, ft.events.prepare(decaying, data))
+    integrated = pp.log_likelihood(drifting, theta, ft.events.prepare(drifting, data))
+    assert float(integrated) == pytest.approx(float(exact), rel=1e-8)
+    newton = pp.fit(decaying, data, start=theta)
+    lbfgs = pp.fit(decaying, data, start=theta, solver="lbfgs")
+    for name in theta:
+        torch.testing.assert_close(lbfgs.params[name], newton.params[name], rtol=1e-4, atol=1e-5)
+
+
+def test_the_qq_plot_draws_each_type(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    timestamps, _ = _two_dimensional(200.0, 5)
+    fit = pp.goodness(pp.hawkes(dimension=2), {"baseline": MU, "adjacency": ALPHA, "decay": BETA}, timestamps, 200.0)
+    ax = pp.qq_plot(fit)
+    assert len(ax.lines) == 3  # two types and the diagonal
+    ax.figure.savefig(tmp_path / "qq.png")
