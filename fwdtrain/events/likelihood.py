@@ -326,11 +326,13 @@ class Pass(NamedTuple):
 
 
 def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 15) -> Pass:
-    """The whole pass at a fixed theta, in chunks of ``size`` events (the exponential engine's memory bound)."""
+    """The whole pass at a fixed theta, in chunks of ``size`` events for exponential kernels and ``size / 8`` for
+    the additive-jump scan (their memory bounds); the event loop takes all events at once."""
     carry = init(model, theta, prepared.data)
     log_rates, compensators = [], []
     n = prepared.piece.times.shape[1]
-    for piece in pieces(prepared, size if model.kernel is not None else n):
+    scanned = model.kernel is not None or (model.additive and model.decay is not None)
+    for piece in pieces(prepared, (size if model.kernel is not None else size // 8) if scanned else n):
         carry, log_rate, compensator = chunk(model, theta, carry, piece)
         log_rates.append(log_rate)
         compensators.append(compensator)
