@@ -460,3 +460,18 @@ def test_the_qq_plot_draws_each_type(tmp_path):
     ax = pp.qq_plot(fit)
     assert len(ax.lines) == 3  # two types and the diagonal
     ax.figure.savefig(tmp_path / "qq.png")
+
+
+def test_any_number_of_events_per_unit_time():
+    rng = np.random.default_rng(0)
+    timestamps = [np.sort(rng.uniform(0, 0.01, 600)), np.sort(rng.uniform(0, 0.01, 400))]  # 100,000 per unit time
+    data = pp.from_tick(timestamps, end_time=0.02)
+    model = pp.hawkes(dimension=2)
+    theta = {"baseline": [50.0, 40.0], "adjacency": [[0.3, 0.1], [0.2, 0.2]], "decay": 2_000.0}
+    theta = {name: torch.tensor(value, dtype=D64) for name, value in theta.items()}
+    scanned = pp.log_likelihood(model, theta, ft.events.prepare(model, data))
+    looped = model._replace(kernel=None, step=1e-4)
+    assert math.isfinite(float(scanned))
+    assert float(pp.log_likelihood(looped, theta, ft.events.prepare(looped, data))) == pytest.approx(
+        float(scanned), rel=1e-10
+    )

@@ -184,7 +184,8 @@ def build_parser(helping: bool = True) -> argparse.ArgumentParser:
         description="Online forward-propagation training of SDEs: train a built-in problem and compare "
         f"with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
         epilog="options: fwdtrain PROBLEM --help (--total-steps, --dt, --particles, --lr, --schedule, "
-        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...)",
+        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...). Event streams fitted by the "
+        f"exact likelihood: {', '.join(examples.EVENT_REGISTRY)} (fwdtrain hawkes-2d --help).",
     )
     sub: Any = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
     common = _options()
