@@ -350,6 +350,8 @@ def test_tables_from_numpy_torch_and_pandas_and_a_lobster_file(tmp_path):
     assert book.times.tolist() == [[34200.20, 34200.20, 34201.00]]
     assert book.types.tolist() == [[1, 0, 1]]  # executions: 0 buy side, 1 sell side
     assert book.marks[0, :, 0].tolist() == [50.0, 25.0, 10.0] and book.marks[0, :, 1].tolist() == [-1.0, 1.0, -1.0]
+    both = pp.read_lobster(path, event_types=(4, 1), end_time=34202.0)  # executions 0, 1; submissions 2, 3
+    assert both.types.tolist() == [[2, 1, 0, 1]] and both.dimension == 4
     result = pp.fit(pp.hawkes(dimension=2), book, method="online", block=2)
     assert set(result.params) == {"baseline", "adjacency", "decay"}
 

@@ -223,9 +223,8 @@ def read_lobster(
         raise ValueError(f"{path}: unknown LOBSTER event type {unknown[0]:g}; the format's types are 1..7")
     keep = np.isin(kinds, np.asarray(event_types))
     rows = table[keep]
-    index = np.searchsorted(np.asarray(event_types), rows[:, 1]) if rows.size else np.zeros(0)
-    order = np.argsort(np.asarray(event_types))
-    index = order[index] if rows.size else index
+    order = np.argsort(np.asarray(event_types))  # position of each kept row's type in ``event_types``
+    index = order[np.searchsorted(np.asarray(event_types)[order], rows[:, 1])] if rows.size else np.zeros(0, int)
     direction = rows[:, 5]
     if not np.isin(direction, (-1.0, 1.0)).all():
         raise ValueError(f"{path}: direction must be +1 (buy) or -1 (sell)")
