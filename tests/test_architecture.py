@@ -173,7 +173,8 @@ LAYERS = (
     ("fwdtrain._compat", "fwdtrain.optim"),  # torch workarounds; update rules (no fwdtrain imports)
     ("fwdtrain.core",),  # the maths: problem, state, sensitivity, solvers, the step, noise, schedules, history
     ("fwdtrain.compile",),  # compiled kernels, their cache and the route rule
-    ("fwdtrain.problems",),  # what is trained: the Trainable protocol, cost form, calibration, SGDCT, ensembles
+    ("fwdtrain.problems", "fwdtrain.events"),  # what is trained: the Trainable protocol, cost form, calibration,
+    # SGDCT, ensembles; event streams fitted by the exact likelihood
     ("fwdtrain.driver",),  # the run: options, hooks, the loop, checkpoints
     ("fwdtrain.distributed", "fwdtrain.examples", "fwdtrain.plotting"),
     ("fwdtrain.cli",),

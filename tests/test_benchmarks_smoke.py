@@ -172,3 +172,10 @@ def test_bench_jumps_quick(tmp_path):
     assert {row["work"] for row in rows} == {"brownian", "jumps additive", "jumps proportional", "jumps rate(x, u)"}
     assert all(row["steps_per_s"] > 0 for row in rows)
     assert all(row["vs_brownian"] == 1 for row in rows if row["work"] == "brownian")
+
+
+def test_bench_events_quick(tmp_path):
+    payload = run_module("bench_events", tmp_path, "--quick")
+    variants = {row["variant"] for row in payload["rows"]}
+    assert {"fwdtrain batch (warm)", "fwdtrain online", "numpy/scipy exact MLE (L-BFGS-B)"} <= variants
+    assert payload["summary"]["max_relative_difference_batch_scipy"] < 1e-4

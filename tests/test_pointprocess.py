@@ -16,9 +16,9 @@ D64 = torch.float64
 
 
 def test_the_online_gradient_is_the_gradient_of_the_log_likelihood():
-    model, dt = pp.hawkes(), 0.05
+    model, dt = pp.grid_hawkes(), 0.05
     theta, y0 = pp.hawkes_theta(0.6, 0.7, 1.3), torch.zeros(1, dtype=D64)
-    data = pp.simulate(model, theta, y0, 100, dt, paths=3, seed=2)
+    data = pp.grid_simulate(model, theta, y0, 100, dt, paths=3, seed=2)
     assert data[..., 0].sum() >= 5
     fit = pp.IntensityFit(model)
 
@@ -69,7 +69,7 @@ def test_bad_event_data_and_models_are_refused():
     assert binned[:, 0, 0].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="mu > 0"):
         pp.hawkes_theta(-1.0, 0.5, 1.0)
-    model = pp.hawkes()
+    model = pp.grid_hawkes()
     fit = pp.IntensityFit(model, events=torch.zeros((5, 2, 1), dtype=D64))
     start = fit.start(pp.hawkes_theta(1.0, 0.5, 1.0), torch.zeros(1, dtype=D64), 3)
     with pytest.raises(ValueError, match=r"events must have shape \(steps, 3, 1\)"):

@@ -35,10 +35,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .. import distributed
+from .. import distributed, examples
 from ..core.errors import CheckpointError
 from . import cache_command
 from .configure import prepare
+from .events import run_events
 from .parser import CACHE, UsageError, parse
 from .report import render, report
 from .train import Diverged, train
@@ -70,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m fwdtrain`` and the ``fwdtrain`` script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
+    if argv and argv[0] in examples.EVENT_REGISTRY:  # event streams: fitted by the exact likelihood, not run()
+        try:
+            return run_events(argv[0], argv[1:])
+        except SystemExit as stop:
+            return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+        except (ValueError, TypeError) as error:
+            return fail(error, EXIT_USAGE, as_json)
     quiet = not distributed.is_main()  # a rank > 0 under torchrun: rank 0 says it all
     try:
         with (

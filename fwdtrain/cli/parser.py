@@ -15,6 +15,7 @@ import torch
 from .. import examples, optim
 from ..compile import cache
 from ..core.solvers import SOLVERS
+from .events import events_parser
 
 SCHEDULES = ("constant", "inverse-time", "staged")
 CACHE = "cache"  # the subcommand that shows, prunes or clears the compiled kernels' folder
@@ -186,7 +187,8 @@ def build_parser(helping: bool = True) -> argparse.ArgumentParser:
         description="Online forward-propagation training of SDEs: train a built-in problem and compare "
         f"with its known optimum. Without a problem name, trains {examples.DEFAULT}.",
         epilog="options: fwdtrain PROBLEM --help (--total-steps, --dt, --particles, --lr, --schedule, "
-        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...). "
+        "--seed, --dtype, --solver, --checkpoint, --resume, --plot, --json, ...). Event streams fitted by the "
+        f"exact likelihood: {', '.join(examples.EVENT_REGISTRY)} (fwdtrain hawkes-2d --help). "
         f"fwdtrain {CACHE}: the compiled kernels' folder, its size and cap (--clear empties it)",
     )
     sub: Any = parser.add_subparsers(dest="problem", metavar="PROBLEM", parser_class=_Parser)
@@ -240,7 +242,7 @@ def with_problem(argv: list[str]) -> list[str]:
     if argv and argv[0] in (*examples.REGISTRY, CACHE, "-h", "--help"):
         return argv
     if argv and not argv[0].startswith("-"):
-        names = sorted(examples.REGISTRY)
+        names = sorted([*examples.REGISTRY, *examples.EVENT_REGISTRY])
         close = difflib.get_close_matches(argv[0].lower(), names, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UsageError(f"unknown problem {argv[0]!r}{hint} The problems are: {', '.join(names)}")
@@ -250,6 +252,8 @@ def with_problem(argv: list[str]) -> list[str]:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     """(the options, whether the problem was named). ``UsageError`` for a bad command line; SystemExit(0)
     for --help."""
+    if argv and argv[0] in examples.EVENT_REGISTRY:  # event streams: their own options (``cli.events``)
+        return events_parser(argv[0]).parse_args(argv[1:]), True
     named = bool(argv) and argv[0] in examples.REGISTRY
     helping = any(word in ("-h", "--help") for word in argv)
     args = build_parser(helping).parse_args(with_problem(argv))

@@ -1,0 +1,366 @@
+"""The exact log-likelihood of events under an ``EventModel``, with no time grid.
+
+    log L(theta) = sum_i log lambda_{k_i}(theta, Y(t_i-))  -  int_start^end sum_k lambda_k(theta, Y(t)) dt
+
+An engine walks the events in chunks, carrying the state (``Carry``) from chunk to chunk; each chunk returns
+log lambda_{k_i}(t_i-) (R, b) and the compensator of each type over the interval that ends at each event
+(R, b, K), and ``tail`` the compensator from the last event to the window's end. Two engines:
+
+- exponential kernels (``ExponentialKernel``): the state S is the exponential sums, computed for a whole chunk
+  at once (``expsums``); the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
+- any other model: event by event (vectorised over realizations), Y in closed form between events for a
+  ``decay`` (the compensator by 8-point Gauss-Legendre on pieces of at most ``model.step``), else by RK4 steps of
+  at most ``model.step`` on (Y, Lambda).
+
+At tied times the intensity is the left limit of the tie: an event does not see the jumps of events at its own time.
+Everything is a pure torch function of theta, so torch.func gives the gradient (forward mode carries dY/dtheta
+along the events) and the observed information.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.func import vmap
+
+from .data import D64, EventData, ties
+from .expsums import exponential_sums, linear_scan
+from .models import EventModel
+
+_NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
+
+
+class Piece(NamedTuple):
+    """Events b of a chunk, for all realizations: their data and what the engines precompute from them."""
+
+    times: torch.Tensor  # (R, b)
+    types: torch.Tensor  # (R, b)
+    marks: torch.Tensor  # (R, b, q)
+    mask: torch.Tensor  # (R, b)
+    earlier: torch.Tensor  # (R, b, K) earlier events at the same time, by type
+    tied: torch.Tensor  # (R, b) the event's time equals the previous event's
+    substeps: tuple[int, ...]  # integration pieces of each interval (the sequential engine)
+
+
+class Carry(NamedTuple):
+    """What a chunk hands to the next: the state (a tuple of tensors that depend on theta) and its time (R,)."""
+
+    state: tuple[torch.Tensor, ...]
+    time: torch.Tensor
+
+
+class Prepared(NamedTuple):
+    """The data of a fit, checked against the model, with the engines' precomputed columns."""
+
+    data: EventData
+    piece: Piece  # all events
+    tail_substeps: int
+
+
+def prepare(model: EventModel, data: EventData) -> Prepared:
+    """Check that ``data`` fits ``model`` and precompute the ties and integration pieces."""
+    if data.dimension > model.types:
+        raise ValueError(
+            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.types}: "
+            "build the model with more types or relabel the events"
+        )
+    if data.dimension < model.types:
+        data = data._replace(dimension=model.types)
+    times = data.times
+    previous = torch.cat([data.start[:, None], times[:, :-1]], 1)
+    gaps = (times - previous).max(0).values
+    step = float(model.step)
+    pieces = tuple(max(1, math.ceil(float(g) / step)) for g in gaps) if model.kernel is None else ()
+    tail = max(1, math.ceil(float((data.end - times[:, -1]).max()) / step))
+    tied = torch.zeros_like(data.mask)
+    tied[:, 1:] = times[:, 1:] == times[:, :-1]
+    piece = Piece(times, data.types, data.marks, data.mask, ties(data), tied, pieces)
+    return Prepared(data, piece, tail)
+
+
+def pieces(prepared: Prepared, size: int) -> Iterator[Piece]:
+    """The chunks of at most ``size`` events."""
+    whole = prepared.piece
+    n = whole.times.shape[1]
+    for a in range(0, n, size):
+        b = min(a + size, n)
+        yield Piece(
+            whole.times[:, a:b],
+            whole.types[:, a:b],
+            whole.marks[:, a:b],
+            whole.mask[:, a:b],
+            whole.earlier[:, a:b],
+            whole.tied[:, a:b],
+            whole.substeps[a:b] if whole.substeps else (),
+        )
+
+
+def init(model: EventModel, theta: Any, data: EventData) -> Carry:
+    """The state at the windows' starts: 0 (Y(start) = 0 for every model)."""
+    y = torch.zeros((data.realizations, model.dimension), dtype=D64)
+    if model.kernel is not None:
+        decays = model.kernel.decays(theta)
+        return Carry((y.reshape(data.realizations, decays.shape[0], model.types) * decays.new_zeros(()),), data.start)
+    return Carry((y, y), data.start)
+
+
+def chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece) -> tuple[Carry, torch.Tensor, torch.Tensor]:
+    """(the carry after the chunk, log lambda_{k_i}(t_i-) (R, b) (0 on padding), compensators (R, b, K))."""
+    if model.kernel is not None:
+        return _exponential_chunk(model, theta, carry, piece)
+    if model.additive and model.decay is not None:
+        return _additive_chunk(model, theta, carry, piece)
+    return _sequential_chunk(model, theta, carry, piece)
+
+
+def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substeps: int) -> torch.Tensor:
+    """The compensator (R, K) from the carry's time to ``end`` (R,), with no events."""
+    if model.kernel is not None:
+        kernel = model.kernel
+        decays = kernel.decays(theta)
+        gap = end - carry.time
+        fade = 1 - torch.exp(-gap[:, None] * decays)  # (R, U)
+        excess = torch.einsum("iuj,ruj->ri", kernel.weights(theta), carry.state[0] * fade[..., None])
+        return kernel.baseline(theta) * gap[:, None] + excess
+    _, compensator = _advance(model, theta, carry.state[0], end - carry.time, substeps)
+    return compensator
+
+
+def _exponential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+    assert model.kernel is not None
+    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+    sums, last = exponential_sums(model.kernel.decays(theta), piece.times, onehot, carry.time, carry.state[0])
+    log_rate, compensator = _exponential_terms(model, theta, piece, carry, sums)
+    return Carry((last,), piece.times[:, -1]), log_rate, compensator
+
+
+def _exponential_terms(model: EventModel, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
+    """log lambda_{k_i}(t_i-) and the compensators of a chunk from its exponential sums (R, b, U, K)."""
+    kernel = model.kernel
+    assert kernel is not None
+    decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
+    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+    r, b = piece.times.shape
+    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, 1, -1)  # (R, b, 1, U K)
+    coefficients = (weights * decays[:, None]).reshape(model.types, -1)  # (K, U K)
+    intensities = baseline + (strict * coefficients).sum(-1)
+    chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
+    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
+    after = torch.cat([carry.state[0][:, None], (sums + onehot[:, :, None, :])[:, :-1]], 1)
+    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
+    excess = ((after - sums).reshape(r, b, 1, -1) * weights.reshape(model.types, -1)).sum(-1)
+    return log_rate, baseline * gaps[..., None] + excess
+
+
+class Jet(NamedTuple):
+    """A tensor and its first two derivatives in the decays, each S_u depending on decay u alone."""
+
+    value: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+
+    def at(self, shift: torch.Tensor) -> torch.Tensor:
+        """The second-order Taylor polynomial at decays0 + shift (U,), for tensors (..., U, K): exact value,
+        gradient and Hessian at shift = 0."""
+        d = shift[:, None]
+        return self.value + self.first * d + self.second * d * d / 2
+
+
+class KernelJets(NamedTuple):
+    """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the strict sums at
+    the real events (N, U, K) and their types (N,), the sums after each realization's last event (R, U, K),
+    the time from that event to the end (R,), the counts of each type (K,) and the total observed time."""
+
+    decays: torch.Tensor
+    types: torch.Tensor
+    strict: Jet
+    last: Jet
+    remaining: torch.Tensor
+    counts: torch.Tensor
+    span: torch.Tensor
+
+
+def kernel_jets(model: EventModel, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
+    """The jets of an exponential-kernel model at ``decays`` (see ``KernelJets``): the sums' derivatives in the
+    decays by nested forward mode, the sensitivity dS/dbeta carried along the events chunk to chunk."""
+    ones = torch.ones_like(decays)
+    data = prepared.data
+    k = model.types
+    carry = Jet(*(torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)))
+    time = data.start
+    strict = []
+    for piece in pieces(prepared, size):
+        onehot = torch.nn.functional.one_hot(piece.types, k).to(D64) * piece.mask[..., None]
+
+        def sums(b: torch.Tensor, carry: Jet = carry, time: torch.Tensor = time, onehot: torch.Tensor = onehot):
+            return exponential_sums(b, piece.times, onehot, time, carry.at(b - decays))
+
+        def first(b: torch.Tensor):
+            return torch.func.jvp(sums, (b,), (ones,))
+
+        (value, slope), (_, curve) = torch.func.jvp(first, (decays,), (ones,))  # type: ignore[misc]
+        earlier = piece.earlier[:, :, None, :]
+        strict.append(Jet((value[0] - earlier)[piece.mask], slope[0][piece.mask], curve[0][piece.mask]))
+        carry, time = Jet(value[1], slope[1], curve[1]), piece.times[:, -1]
+    joined = Jet(*(torch.cat([jet[i] for jet in strict]) for i in range(3)))
+    return KernelJets(
+        decays,
+        data.types[data.mask],
+        joined,
+        carry,
+        data.end - time,
+        data.counts().sum(0),
+        (data.end - data.start).sum(),
+    )
+
+
+def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch.Tensor:
+    """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
+    Hessian, at a theta whose decays are ``jets.decays``; cheap to differentiate twice. The compensator
+    telescopes: int beta_u S_uj dt over [start, end] = N_j - S_uj(end)."""
+    kernel = model.kernel
+    assert kernel is not None
+    decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
+    shift = decays - jets.decays
+    coefficients = (weights * decays[:, None])[jets.types]  # (N, U, K)
+    intensities = baseline[jets.types] + (coefficients * jets.strict.at(shift)).sum((1, 2))
+    at_end = (jets.last.at(shift) * torch.exp(-jets.remaining[:, None] * decays)[..., None]).sum(0)  # (U, K)
+    compensator = baseline.sum() * jets.span + (weights * (jets.counts - at_end)).sum()
+    return torch.log(intensities).sum() - compensator
+
+
+def _rates(model: EventModel, theta: Any, y: torch.Tensor) -> torch.Tensor:
+    """lambda at states y (..., d) -> (..., K)."""
+    flat = y.reshape(-1, y.shape[-1])
+    return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.types)
+
+
+def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+    """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it)."""
+    if model.decay is not None:
+        decay = model.decay(theta)
+        unit = (torch.arange(substeps, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / substeps  # (m Q,)
+        at = gap[:, None] * unit  # (R, m Q)
+        path = y[:, None, :] * torch.exp(-at[..., None] * decay)
+        weights = _WEIGHTS.repeat(substeps) / (2 * substeps)
+        compensator = torch.einsum("rqk,q->rk", _rates(model, theta, path), weights) * gap[:, None]
+        return y * torch.exp(-gap[:, None] * decay), compensator
+    if model.drift is None:
+        return y, _rates(model, theta, y) * gap[:, None]
+    drift = vmap(model.drift, in_dims=(None, 0))
+    h = (gap / substeps)[:, None]
+
+    def field(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return drift(theta, state), _rates(model, theta, state)
+
+    compensator = y.new_zeros((y.shape[0], model.types))
+    for _ in range(substeps):
+        k1, r1 = field(y)
+        k2, r2 = field(y + h / 2 * k1)
+        k3, r3 = field(y + h / 2 * k2)
+        k4, r4 = field(y + h * k3)
+        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        compensator = compensator + h / 6 * (r1 + 2 * r2 + 2 * r3 + r4)
+    return y, compensator
+
+
+def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+    """Jumps that do not depend on Y and a closed-form decay: Y(t_i-) = exp(-decay dt_i) (Y(t_{i-1}-) + J_{i-1})
+    is a linear recursion, evaluated as a scan over the whole chunk, and each interval's compensator by
+    Gauss-Legendre on as many pieces as the chunk's longest interval needs, all intervals at once."""
+    y0, left0 = carry.state
+    r, b = piece.times.shape
+    decay = model.decay(theta)  # type: ignore[misc]
+    flat = piece.marks.reshape(r * b, -1)
+    zeros = y0.new_zeros((r * b, model.dimension))
+    jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, zeros, piece.types.reshape(-1), flat)
+    jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(D64)
+    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)  # (R, b)
+    fades = torch.exp(-gaps[..., None] * decay)
+    after = torch.cat([y0[:, None], jumps[:, :-1]], 1)  # what each interval starts from, beyond the decayed state
+    before = linear_scan(fades, fades * after)  # Y(t_i-), in index order
+    starts = torch.cat([y0[:, None], (before + jumps)[:, :-1]], 1)  # Y just after the previous event
+    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
+    left = torch.gather(before, 1, group[..., None].expand(r, b, model.dimension))
+    left = torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
+    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
+    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
+    pieces_ = max(piece.substeps, default=1)
+    unit = (torch.arange(pieces_, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / pieces_  # (M Q,)
+    path = starts[:, :, None, :] * torch.exp(-(gaps[..., None] * unit)[..., None] * decay)  # (R, b, M Q, d)
+    weights = _WEIGHTS.repeat(pieces_) / (2 * pieces_)
+    compensator = (_rates(model, theta, path) * weights[:, None]).sum(2) * gaps[..., None]
+    end = before[:, -1] + jumps[:, -1]
+    return Carry((end, left[:, -1]), piece.times[:, -1]), log_rate, compensator
+
+
+def _sequential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+    y, left = carry.state
+    time = carry.time
+    jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
+    log_rates, compensators = [], []
+    for i, substeps in enumerate(piece.substeps):
+        moved, compensator = _advance(model, theta, y, piece.times[:, i] - time, substeps)
+        left = torch.where(piece.tied[:, i, None], left, moved)
+        rate = torch.gather(_rates(model, theta, left), 1, piece.types[:, i, None])[:, 0]
+        mask = piece.mask[:, i]
+        log_rates.append(torch.where(mask, torch.log(torch.where(mask, rate, 1.0)), 0.0))
+        compensators.append(compensator)
+        step = jump(theta, moved, piece.types[:, i], piece.marks[:, i])
+        y = moved + mask[:, None].to(D64) * step
+        time = piece.times[:, i]
+    return Carry((y, left), time), torch.stack(log_rates, 1), torch.stack(compensators, 1)
+
+
+class Pass(NamedTuple):
+    """One pass over the data: log L, log lambda at the events (R, n), compensators (R, n, K), the tail (R, K)."""
+
+    log_likelihood: torch.Tensor
+    log_rates: torch.Tensor
+    compensators: torch.Tensor
+    tail: torch.Tensor
+
+
+def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 15) -> Pass:
+    """The whole pass at a fixed theta, in chunks of ``size`` events for exponential kernels and ``size / 8`` for
+    the additive-jump scan (their memory bounds); the event loop takes all events at once."""
+    carry = init(model, theta, prepared.data)
+    log_rates, compensators = [], []
+    n = prepared.piece.times.shape[1]
+    scanned = model.kernel is not None or (model.additive and model.decay is not None)
+    for piece in pieces(prepared, (size if model.kernel is not None else size // 8) if scanned else n):
+        carry, log_rate, compensator = chunk(model, theta, carry, piece)
+        log_rates.append(log_rate)
+        compensators.append(compensator)
+    rest = tail(model, theta, carry, prepared.data.end, prepared.tail_substeps)
+    log_rate, compensator = torch.cat(log_rates, 1), torch.cat(compensators, 1)
+    total = log_rate.sum() - compensator.sum() - rest.sum()
+    return Pass(total, log_rate, compensator, rest)
+
+
+def log_likelihood(model: EventModel, theta: Any, prepared: Prepared) -> torch.Tensor:
+    """log L(theta), summed over realizations (0-d)."""
+    return forward(model, theta, prepared).log_likelihood
+
+
+__all__ = [
+    "Carry",
+    "Jet",
+    "KernelJets",
+    "Pass",
+    "Piece",
+    "Prepared",
+    "chunk",
+    "forward",
+    "init",
+    "jet_log_likelihood",
+    "kernel_jets",
+    "log_likelihood",
+    "pieces",
+    "prepare",
+    "tail",
+]
