@@ -35,10 +35,10 @@ _ROOT = pytest.StashKey[tuple]()
 
 
 @pytest.fixture(autouse=True)
-def own_cache_folder(tmp_path, monkeypatch):
-    """Every test its own fwdtrain cache folder (kernel packages, the compile record): no test sees what
-    another wrote, and none writes outside its temporary folder."""
-    folder = tmp_path / "fwdtrain-cache"
+def own_cache_folder(tmp_path_factory, monkeypatch):
+    """Every test its own fwdtrain cache folder (kernel packages, the route's markers and counts), beside its
+    temporary folder: no test sees what another wrote, and a test's ``tmp_path`` holds only what it wrote."""
+    folder = tmp_path_factory.mktemp("fwdtrain-cache")
     monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(folder))
     return folder
 
