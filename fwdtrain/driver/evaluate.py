@@ -81,7 +81,7 @@ def stationary_cost(
         seed: Seed of the evaluation's own noise generator.
         solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
         compile: As for ``run``: ``"auto"`` compiles the loop when the evaluation is long enough to repay
-            it (timed on its first steps).
+            it (the rule of ``fwdtrain.compile.route``).
 
     Returns:
         ``CostEstimate(mean, stderr)``, the standard error over particles.
