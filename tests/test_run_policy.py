@@ -172,7 +172,27 @@ def test_default_run_equals_the_explicitly_eager_run():
     sde, state = linear_problem()
     default = ft.run(sde, state, 50, DT, 0.5, noise=3)
     eager = ft.run(sde, state, 50, DT, 0.5, compile=False, noise=3)
-    assert all(torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(default), ft.core._tree.leaves(eager)))
+    # the same numbers; the default's history also carries its counted step, for a continued run's rule
+    counted = {name: default.history.carry.pop(name) for name in ("route_ops", "route_numbers", "route_signature")}
+    assert route.from_carry(counted) is not None and route.from_carry(eager.history.carry) is None
+    assert all(
+        torch.equal(a, b) for a, b in zip(ft.core._tree.leaves(default), ft.core._tree.leaves(eager), strict=True)
+    )
+
+
+def test_a_continued_auto_run_takes_its_counted_step_from_the_history_and_counts_nothing(monkeypatch):
+    sde, state = linear_problem()
+    first = ft.run(sde, state, 20, DT, 0.5, noise=3)
+    carried = route.from_carry(first.history.carry)
+    assert carried is not None and carried.ops > 0
+    counted = []
+    real = route.count_step
+    monkeypatch.setattr(route, "count_step", lambda fn, key="": counted.append(key) or real(fn, key))
+    loop = ft.driver.setup(sde, first, 20, DT, 0.5, noise=3)
+    second = ft.driver.execute(loop)
+    assert counted == [] and loop.stepper.cost == carried and second.history.route == "eager"
+    whole = ft.run(sde, state, 40, DT, 0.5, noise=3, compile=False)
+    torch.testing.assert_close(second.state.theta, whole.state.theta, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("compile", [False, ft.Compile(True, route="dynamo", backend="eager")])

@@ -111,6 +111,29 @@ def count_step(step: Callable[[], Any], key: str = "") -> tuple[Any, StepCost]:
     return out, StepCost(counter.ops, counter.numbers, counter.digest.hexdigest()[:32])
 
 
+def as_carry(cost: StepCost) -> dict[str, torch.Tensor]:
+    """``cost`` as tensors, for a history's carry (a continued run reads it back with ``from_carry``)."""
+    return {
+        "route_ops": torch.tensor(cost.ops, dtype=torch.int64),
+        "route_numbers": torch.tensor(cost.numbers, dtype=torch.int64),
+        "route_signature": torch.tensor(list(bytes.fromhex(cost.signature)), dtype=torch.uint8),
+    }
+
+
+def from_carry(carry: dict | None) -> StepCost | None:
+    """The ``StepCost`` a history's carry holds (``as_carry``), or None."""
+    if not carry or not all(name in carry for name in ("route_ops", "route_numbers", "route_signature")):
+        return None
+    signature = bytes(carry["route_signature"].to(torch.uint8).tolist()).hex()
+    return StepCost(int(carry["route_ops"]), int(carry["route_numbers"]), signature)
+
+
+def kernel_events() -> int:
+    """The kernels this process has compiled or loaded so far (``cache.events``)."""
+    events = cache.events()
+    return events["compiles"] + events["loads"]
+
+
 def _marker(signature: str) -> Any:
     return cache.cache_dir() / "routes" / signature
 
@@ -203,12 +226,15 @@ __all__ = [
     "TRACE_SECONDS",
     "Route",
     "StepCost",
+    "as_carry",
     "choose",
     "compiler_set_up",
     "count_step",
     "eager_spent",
     "estimates",
     "fixed",
+    "from_carry",
+    "kernel_events",
     "mark_built",
     "on_disk",
     "spend_eager",

@@ -99,6 +99,7 @@ class Loop:
         self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
         self.previous, self.lr, self.options = previous, lr, options
+        self.kernel_events = route.kernel_events()  # kernels compiled or loaded before this run
         self.chunk = options.chunk  # steps of noise drawn at once
         self.flush_subnormals = options.flush_subnormals  # steps and events with subnormals read as zero
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
@@ -194,6 +195,9 @@ class Loop:
             "window_start": torch.tensor(self.window[0], dtype=torch.int64),
             "window_total": self.window[1],
         }
+        cost = getattr(self.stepper, "cost", None)  # "auto"'s counted step: a continued run need not count again
+        if cost is not None:
+            carried.update(route.as_carry(cost))
         alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(
             self.records,

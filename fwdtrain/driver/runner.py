@@ -141,6 +141,7 @@ def setup(
         first + steps,
         first,
         _agree(hooks),
+        route.from_carry(history.carry) if history is not None else None,
     )
     loop = Loop(
         trainable,
@@ -277,9 +278,9 @@ def choose_route(
 
 def _leave_marker(loop: Loop) -> None:
     """What a later ``compile="auto"`` run of this step reads in the cache: after a compiled run, the marker of its
-    kernel on disk (``route.mark_built``: from "auto"'s counted step, or, for ``compile=True``, one eager step
-    counted on the side, its result dropped; nothing where a gradient hook's collectives would run again); after
-    an "auto" run kept eager, the eager steps it spent (``route.spend_eager``)."""
+    kernel on disk (``route.mark_built``: from "auto"'s counted step, or, for a ``compile=True`` run that compiled
+    or loaded its kernel, one eager step counted on the side, its result dropped; nothing where a gradient hook's
+    collectives would run again); after an "auto" run kept eager, the eager steps it spent (``route.spend_eager``)."""
     if loop.route is None:
         return
     if not loop.route.compiled:
@@ -287,7 +288,8 @@ def _leave_marker(loop: Loop) -> None:
             route.spend_eager(loop.stepper.cost, loop.carry.n - loop.start)  # what a later launch weighs
         return
     cost = loop.stepper.cost if isinstance(loop.stepper, steppers.Auto) else None
-    if cost is None and loop.stepping.reduce is None:
+    readied = route.kernel_events() > loop.kernel_events  # this run compiled or loaded a kernel
+    if cost is None and loop.stepping.reduce is None and readied:
         state = loop.carry.state
         dw = torch.zeros(loop.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
         _, cost = steppers.counted_step(loop.stepping, state, dw, loop.options)

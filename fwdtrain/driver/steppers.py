@@ -310,8 +310,9 @@ def counted_step(stepping: Stepping, state: State, dw: torch.Tensor, options: Co
 
 
 class Auto:
-    """``compile="auto"``: the run's first step eagerly, counted (``route.count_step``), then the route the rule
-    chooses from that count and the steps (``route.choose``), passed through ``agree`` (a group takes rank 0's)."""
+    """``compile="auto"``: the route the rule chooses (``route.choose``), passed through ``agree`` (a group takes
+    rank 0's), from the step's ``route.StepCost``: the one a continued run's history carries, else the run's first
+    step taken eagerly and counted (``route.count_step``)."""
 
     def __init__(
         self,
@@ -321,37 +322,40 @@ class Auto:
         taken: int,
         agree: Callable[[bool], bool],
         example: torch.Tensor,
+        cost: route.StepCost | None = None,
     ) -> None:
         self.s, self.options, self.end, self.taken, self.agree = stepping, options, end, taken, agree
         self.example = example  # a block of the compiled loop's length
         self.chosen: Eager | Compiled | Split | None = None
         self.decision: route.Route | None = None
-        self.cost: route.StepCost | None = None
+        self.cost = cost
 
     @property
     def route(self) -> str:
         return "eager" if self.chosen is None else self.chosen.route
 
+    def _choose(self, carry: Carry, steps: int) -> None:
+        assert self.cost is not None
+        cost = self.cost
+        decision = route.choose(
+            cost, steps, self.taken, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost)
+        )
+        compiling = self.agree(decision.compiled)
+        self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
+        options = self.options._replace(enabled=True)
+        self.chosen = compiled(self.s, carry.state, self.example, options) if compiling else Eager(self.s)
+
     def steps(
         self, carry: Carry, block: torch.Tensor, start: int, count: int, set_carry: Setter
     ) -> tuple[Carry, int | None]:
         if self.chosen is None and count > 0:
-            s = self.s
             steps = self.end - carry.n
+            if self.cost is not None:  # known from the history: no step to count
+                self._choose(carry, steps)
+                return carry, None  # the loop hands the block to the route chosen (its fast path included)
+            s = self.s
             (new, info), self.cost = counted_step(s, carry.state, block[start], self.options)
-            decision = route.choose(
-                self.cost,
-                steps,
-                self.taken,
-                route.on_disk(self.cost),
-                route.compiler_set_up(),
-                route.eager_spent(self.cost),
-            )
-            compiling = self.agree(decision.compiled)
-            self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
-            self.chosen = (
-                compiled(s, carry.state, self.example, self.options._replace(enabled=True)) if compiling else Eager(s)
-            )
+            self._choose(carry, steps)
             if not bool(good_rates(s.schedule(new.t), 1)):
                 return carry, carry.n + 1
             carry = Carry(new, carry.n + 1, carry.total + info.cost, info)
@@ -369,13 +373,14 @@ def stepper(
     end: int,
     taken: int = 0,
     agree: Callable[[bool], bool] = bool,
+    cost: route.StepCost | None = None,
 ) -> Eager | Compiled | Split | Auto:
     """The stepper ``options.enabled`` asks for: eager, compiled, or decided on the way ("auto", the decision
     passed through ``agree``)."""
     if options.enabled is False:
         return Eager(stepping)
     if options.enabled == "auto":
-        return Auto(stepping, options, end, taken, agree, block)
+        return Auto(stepping, options, end, taken, agree, block, cost)
     return compiled(stepping, state, block, options)
 
 
