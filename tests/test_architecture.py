@@ -182,7 +182,7 @@ LAYERS = (
     ("fwdtrain", "fwdtrain.__main__", *PUBLIC_PATHS),
 )
 # the loop reaches problems only through the protocol; run() also turns an SDE into its cost form
-THROUGH_THE_PROTOCOL = {"fwdtrain.driver.loop", "fwdtrain.driver.steppers", "fwdtrain.driver.hooks"}
+THROUGH_THE_PROTOCOL = {"fwdtrain.driver.loop", "fwdtrain.driver.block", "fwdtrain.driver.hooks"}
 
 
 def _room(module: str) -> tuple[int, str]:

@@ -7,7 +7,6 @@ compiled with eager uses the quick torch.compile route with the "eager" backend,
 """
 
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -233,26 +232,6 @@ def test_cache_folder_is_the_user_cache_dir_never_the_working_directory(monkeypa
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))  # the user's own choice wins
     ft._compat.use_cache_folders(tmp_path / "mine")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
-
-
-def test_the_loop_kernel_equals_its_eager_meaning():
-    """``graphs.StepLoop`` run eagerly (no compiler) is ``run_steps``: count steps from start, carry in, carry out."""
-    ex, state = small_problem()
-    plan = Plan("reverse", "structured")
-    noise = torch.randn(8, PARTICLES, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
-    alphas = torch.full((8,), 0.3, dtype=torch.float64)
-
-    def step(carry, inputs):
-        new, info = CostForm(ex.sde).advance(carry[0], inputs[0], DT, inputs[1], plan)
-        return new, carry[1] + info.cost
-
-    carry = (state, torch.zeros((), dtype=torch.float64))
-    traced = ft.compile.graphs.trace(step, (carry, (noise[0], alphas[0])))
-    loop = ft.compile.graphs.StepLoop(traced.graph, 2)
-    flat = loop(torch.tensor(5), torch.tensor(2), noise, alphas, *leaves(carry))
-    expected = ft.compile.graphs.run_steps(step, 5, 2, (noise, alphas), carry)
-    assert_trees_close(list(flat), expected)
-    assert math.isclose(float(leaves(expected)[-1]), float(flat[-1]))
 
 
 @pytest.mark.slow

@@ -271,7 +271,7 @@ def test_single_process_divergence_is_a_group_error():
     state = ft.init(sde, ex.theta, ex.x0, particles=2)
     with pytest.raises(D.GroupError, match="rank 0 diverged: x, x_tilde or theta became non-finite") as caught:
         D.distributed_run(sde, state, 20, DT, LR, checks=ft.Checks(5))
-    assert caught.value.step == 1 and caught.value.reason == "non-finite"  # the first check: after the first step
+    assert caught.value.step == 5 and caught.value.reason == "non-finite"  # the group's check after the failed step
     assert isinstance(caught.value.__cause__, ft.DivergenceError)
     assert float(caught.value.state.t) == 0.0  # the last state that passed a check: the start
     assert caught.value.history.steps == 0 and caught.value.history.noise is not None
@@ -716,7 +716,7 @@ class _RouteSeen(ft.driver.hooks.Hook):
     """Remembers the route the loop's stepper ended on ("eager", or a compiled route)."""
 
     def end(self, loop, interrupted):
-        self.route = loop.stepper.route
+        self.route = loop.block.route
 
 
 def _auto_worker(particles: int):

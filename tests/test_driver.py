@@ -238,7 +238,7 @@ def _lqr_state(particles=3):
 def test_the_loop_advances_in_pieces_to_the_same_bits():
     """setup + Loop.advance_to(k) + advance_to(end) is run: the loop is resumable at any step."""
     from fwdtrain.driver import setup
-    from fwdtrain.driver.steppers import Carry
+    from fwdtrain.driver.block import Carry
 
     sde, state = _lqr_state()
     final, history = ft.run(sde, state, 57, DT, 0.5, noise=3, save=ft.SaveAt(10))

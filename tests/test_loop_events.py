@@ -98,7 +98,7 @@ def test_a_compiled_block_makes_its_rates_once():
 
     options = QUICK._replace(chunk=64)
     ft.run(sde, state, 64, DT, schedule, save=ft.SaveAt(8), checks=ft.Checks(8), compile=options)
-    block_calls = [n for n in calls if n > 1]  # the block's clocks at once (single clocks: checks, dtype probe)
+    block_calls = [n for n in calls if n > 1]  # the block's clocks at once (single clocks: the start, the marker)
     assert len(block_calls) == 1 and block_calls[0] == 65  # the block's 64 clocks and that of its last state
 
 

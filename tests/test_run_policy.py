@@ -126,12 +126,12 @@ def test_auto_compiles_when_the_rule_says_so_and_leaves_its_marker(monkeypatch):
     options = ft.Compile("auto", route="dynamo", backend="eager")
     loop = ft.driver.setup(sde, state, 40, DT, 0.5, 3, compile=options)
     result = ft.driver.execute(loop)
-    assert loop.stepper.chosen is not None and loop.stepper.route == "dynamo"
+    assert loop.block is not None and loop.block.route == "dynamo"
     assert result.history.route == "compiled" and loop.route.reason == "warm=False"
     eager, _ = ft.run(sde, state, 40, DT, 0.5, 3, compile=False)
     for a, b in zip(ft.core._tree.leaves(loop.carry.state), ft.core._tree.leaves(eager)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
-    assert route.on_disk(loop.stepper.cost)
+    assert route.on_disk(loop.cost)
     assert ft.driver.choose_route(sde, state, 40, DT, 0.5, 3, compile=options).reason == "warm=True"
 
 
@@ -190,7 +190,7 @@ def test_a_continued_auto_run_takes_its_counted_step_from_the_history_and_counts
     monkeypatch.setattr(route, "count_step", lambda fn, key="": counted.append(key) or real(fn, key))
     loop = ft.driver.setup(sde, first, 20, DT, 0.5, noise=3)
     second = ft.driver.execute(loop)
-    assert counted == [] and loop.stepper.cost == carried and second.history.route == "eager"
+    assert counted == [] and loop.cost == carried and second.history.route == "eager"
     whole = ft.run(sde, state, 40, DT, 0.5, noise=3, compile=False)
     torch.testing.assert_close(second.state.theta, whole.state.theta, rtol=0, atol=0)
 

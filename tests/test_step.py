@@ -170,9 +170,9 @@ def test_memory_is_flat_over_20000_steps():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_compiled_loops_clocks_round_as_the_steps_own_t_plus_dt(dtype):
-    """``steppers.clocks`` precomputes t_k for a block of compiled steps (their learning rates alpha(t_k)); each
+    """``block.clocks`` precomputes t_k for a block of compiled steps (their learning rates alpha(t_k)); each
     must equal, bitwise, the clock the step itself reaches by adding dt k times in t's dtype."""
-    from fwdtrain.driver.steppers import clocks
+    from fwdtrain.driver.block import clocks
 
     generator = torch.Generator().manual_seed(0)
     for shape, dt, count in [((), 0.01, 257), ((3,), 1 / 3, 100), ((2, 2), 7e-4, 64), ((), 0.05, 1)]:

@@ -1,29 +1,27 @@
-"""Compiled kernels: a pure step made fast, built once per process and kept on disk for the next.
+"""Compiled kernels: a pure function made fast, built once per process and kept on disk for the next.
 
-Two kinds, both computing exactly what their eager twin computes (to rounding):
+``Kernel`` computes exactly what its eager meaning computes (to rounding); two are built:
 
-- ``loop_kernel(step, carry, inputs)``: ``chunk(count, start, inputs, carry)``, i.e.
-  ``graphs.run_steps``: ``count`` steps ``carry = step(carry, inputs[start + i])`` in one call.
-- ``function_kernel(fn, args)``: ``fn(*args)`` in one call (a single step in a loop of one's own,
-  or the two halves of a step around a gradient hook).
+- ``block_kernel(body, observe, ...)``: ``graphs.run_block``, a block of checked steps with its records, as
+  one call of ``graphs.BlockLoop``;
+- ``function_kernel(fn, args)``: ``fn(*args)`` in one call (the public ``step``, the halves of a step
+  around a gradient hook).
 
 Routes, tried in this order (``Compile.route``):
 
 1. ``"aot"``: the function traced once with ``make_fx`` (``graphs.trace``), keyed by that graph
    (``cache.kernel_key``), loaded from ``cache_dir()/kernels`` when a package of that key exists,
    else compiled by AOTInductor into one (``_compat.aot_compile``) and loaded by the C++ loader.
-   A package loaded from disk is checked against the eager step on its first call
-   (``Compile.verify``); a package that cannot be loaded or fails the check is set aside with a
-   one-line warning and rebuilt.
+   A package loaded from disk is checked against the eager meaning on its first call (``Compile.verify``);
+   a package that cannot be loaded or fails the check is set aside with a one-line warning and rebuilt.
 2. ``"dynamo"``: ``torch.compile`` of the step (the loop in Python between steps), when the first
    route fails; a one-line warning says why.
 3. eager: when compilation fails altogether (one warning line, as for the others).
 
-Kernels are cached in the process by the caller's key (the problem, dt, plan, solver, optimizer) and
-the inputs' shapes, dtypes and devices, so a second ``run`` call, a resumed run or a continued
-segment never traces or compiles again. ``counts()`` tells how many traces, compiles and loads a
-process made (tests count these events, never seconds). Inside the user's ``torch.func``
-transform a kernel runs its eager twin (its tensors cannot leave the transform).
+Kernels are cached in the process by the caller's key and the inputs' shapes, dtypes and devices
+(``cache.kernel``), so a second ``run`` call, a resumed run or a continued segment never traces or
+compiles again. ``counts()`` tells how many traces, compiles and loads a process made (tests count
+these events, never seconds).
 """
 
 from __future__ import annotations
@@ -247,52 +245,42 @@ def _restrided(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return out.copy_(tensor)
 
 
-def _loop_package(step: graphs.StepFn, carry: Any, inputs: Any, unroll: int = 1) -> tuple[_Package, Any]:
-    """Trace ``step`` once and wrap it in ``graphs.StepLoop`` (``unroll`` steps per iteration); (its package, the
-    carry's pytree spec)."""
-    example_step = optree.tree_map(lambda block: block[0], inputs)
-    traced = _simplified(graphs.trace(step, (carry, example_step)), unfold=True)
-    input_leaves, _ = optree.tree_flatten(inputs)
-    carry_leaves, carry_spec = optree.tree_flatten(carry)
-    count, start = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)  # two objects: export
-    example = [count, start, *input_leaves, *carry_leaves]  # would alias one
-    options = inductor_options(carry)
-    key = cache.kernel_key(
-        traced.graph.code, traced.constants(), example, options, f"loop-unroll-{unroll}-{graphs.loop_code()}"
-    )
-    module = graphs.StepLoop(
-        traced.graph, len(input_leaves), unroll
-    )  # the traced step takes (carry leaves, input leaves)
-    return _Package(module, example, key, options, traced.nodes), carry_spec
-
-
 class Kernel:
-    """A pure function compiled: its AOTInductor package, or ``torch.compile`` where tracing fails, or eager.
+    """``fn(*args)`` compiled: its AOTInductor package, or ``fn`` with its compilable part under ``torch.compile``
+    where tracing fails, or ``fn`` eagerly (one warning line at each fallback).
 
-    Written once for both kinds: the fallback (one warning line, then ``torch.compile``), the first call of a
-    package loaded from disk checked against the eager function (``Compile.verify``; a package that is off
-    is set aside and rebuilt), and the call on flat leaves. A subclass says how its function is traced
-    (``_trace``: the package and the output's pytree spec) and how it is called; ``compilable`` is what the
-    ``torch.compile`` route compiles (the step of a loop, the function itself).
+    ``fn`` is the kernel's meaning and its eager twin; ``trace(*args)`` gives the package and the output's pytree
+    spec (route ``"aot"``); ``dynamo(compiled)`` gives ``fn`` with its compilable part replaced by ``compiled``, a
+    ``torch.compile`` of that part (route ``"dynamo"``). The first call of a package loaded from disk is checked
+    against ``fn`` on ``probe(args)`` (a short version of the arguments) and a package that is off is set aside
+    and rebuilt. Inside the user's ``torch.func`` transform a kernel runs ``fn`` (its tensors cannot leave it).
     """
 
-    def __init__(self, compilable: Callable[..., Any], options: Compile, what: str, *example: Any) -> None:
-        self.compilable, self.what, self.options = compilable, what, options
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        trace: Callable[..., tuple[_Package, Any]],
+        part: Callable[..., Any],
+        dynamo: Callable[[Callable[..., Any]], Callable[..., Any]],
+        options: Compile,
+        what: str,
+        probe: Callable[[tuple], tuple] = lambda args: args,
+    ) -> None:
+        self.fn, self.part, self.dynamo, self.options, self.what, self.probe = fn, part, dynamo, options, what, probe
         self.package: _Package | None = None
         self.compiled: Callable | None = None
         self.out_spec: Any = None
         self.checked = not options.verify
+        self._scalars: dict[tuple[str, int], torch.Tensor] = {}
         if options.route == "aot":
             try:
-                self.package, self.out_spec = self._trace(*example)
+                self.package, self.out_spec = trace(*args)
                 return
             except Exception as error:
                 self._fall_back(error)
                 return
-        self.compiled = _DynamoOrEager(compilable, options, what)
-
-    def _trace(self, *example: Any) -> tuple[_Package, Any]:
-        raise NotImplementedError
+        self.compiled = dynamo(_DynamoOrEager(part, options, what))
 
     @property
     def warm(self) -> bool:
@@ -300,25 +288,29 @@ class Kernel:
         return self.package is not None and self.package.warm
 
     @property
-    def nodes(self) -> int:
-        return self.package.nodes if self.package is not None else 0
-
-    @property
     def route(self) -> str:
         return "aot" if self.package is not None else "dynamo"
+
+    def scalar(self, role: str, value: int) -> torch.Tensor:
+        """The 0-d int64 tensor ``value`` for ``role`` ("count", "start", ...), made once per kernel (the kernel only
+        reads it; each role its own tensor, as export would alias equal ones)."""
+        key = (role, value)
+        if key not in self._scalars:
+            if len(self._scalars) > 1 << 12:
+                self._scalars.clear()
+            self._scalars[key] = torch.tensor(value, dtype=torch.int64)
+        return self._scalars[key]
 
     def _fall_back(self, error: BaseException) -> None:
         cache.count(fallbacks=1)
         _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
         self.package = None
-        self.compiled = _DynamoOrEager(self.compilable, self.options, self.what)
+        self.compiled = self.dynamo(_DynamoOrEager(self.part, self.options, self.what))
 
-    def _checked_run(
-        self, probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]
-    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
-        """The package's ``run``, loaded or built; a package loaded from disk is checked once against ``probe()``
-        ((flat inputs, the eager function's output leaves)) and set aside and rebuilt when it is off. None where
-        there is no package or it cannot be readied (then ``_fall_back`` has run)."""
+    def _checked_run(self, args: tuple) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
+        """The package's ``run``, loaded or built; a package loaded from disk is checked once against ``fn`` on
+        ``probe(args)`` and set aside and rebuilt when it is off. None where there is no package or it cannot be
+        readied (then ``_fall_back`` has run)."""
         if self.package is None:
             return None
         try:
@@ -329,8 +321,8 @@ class Kernel:
         if not self.checked:
             self.checked = True
             if self.package.loaded_from_disk:
-                inputs, expected = probe()
-                if not _close(run(self.package.fits(inputs)), expected):
+                short = self.probe(args)
+                if not _close(run(self.package.fits(_leaves(short))), optree.tree_leaves(self.fn(*short))):
                     _warn(
                         f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
                         f"rebuilding it"
@@ -339,12 +331,14 @@ class Kernel:
                     run = self.package.ready()
         return run
 
-    def _run(self, flat: list[torch.Tensor], probe: Callable[[], tuple[list[torch.Tensor], list[Any]]]) -> Any | None:
-        """The package's outputs on ``flat`` (unflattened); None when there is no package (call ``compiled``)."""
-        run = self._checked_run(probe)
-        if run is None or self.package is None:
-            return None
-        return optree.tree_unflatten(self.out_spec, run(self.package.fits(flat)))
+    def __call__(self, *args: Any) -> Any:
+        if not _concrete(args):  # inside the user's torch.func transform
+            return self.fn(*args)
+        run = self._checked_run(args)
+        if run is not None and self.package is not None:
+            return optree.tree_unflatten(self.out_spec, run(self.package.fits(_leaves(args))))
+        assert self.compiled is not None
+        return self.compiled(*args)
 
     def flat_runner(self, flat: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
         """The loaded package's ``run`` on flat leaves, for a caller that has checked its inputs' layout once: given
@@ -356,173 +350,6 @@ class Kernel:
         if [(t.dtype, t.shape, t.stride()) for t in flat] != package.signature:
             return None
         return package.run
-
-
-class LoopKernel(Kernel):
-    """``chunk(count, start, inputs, carry) -> carry``: ``graphs.run_steps`` of ``step`` in one compiled call.
-
-    Built in two stages, so that ``compile="auto"`` can look before it pays: construction traces the step
-    and names its package (``warm``: on disk already; ``nodes``: the graph's size); the first call loads
-    the package or compiles it. A package from disk is checked by one step.
-    """
-
-    def __init__(self, step: graphs.StepFn, carry: Any, inputs: Any, options: Compile, what: str) -> None:
-        self.step = step
-        self._scalars: dict[tuple[str, int], torch.Tensor] = {}
-        super().__init__(step, options, what, carry, inputs)
-
-    def scalar(self, role: str, value: int) -> torch.Tensor:
-        """The 0-d int64 tensor ``value`` for ``role`` ("count", "start"), made once per kernel (the kernel only
-        reads it; each role its own tensor, as export would alias equal ones)."""
-        key = (role, value)
-        if key not in self._scalars:
-            if len(self._scalars) > 1 << 12:
-                self._scalars.clear()
-            self._scalars[key] = torch.tensor(value, dtype=torch.int64)
-        return self._scalars[key]
-
-    def _trace(self, carry: Any, inputs: Any) -> tuple[_Package, Any]:
-        return _loop_package(self.step, carry, inputs, self.options.unroll)
-
-    def __call__(self, count: int, start: int, inputs: Any, carry: Any) -> Any:
-        if not (_concrete(inputs) and _concrete(carry)):  # inside the user's torch.func transform
-            return graphs.run_steps(self.step, count, start, inputs, carry)
-
-        def flat(steps: int) -> list[torch.Tensor]:
-            return [
-                self.scalar("count", steps),
-                self.scalar("start", start),
-                *optree.tree_leaves(inputs),
-                *optree.tree_leaves(carry),
-            ]
-
-        def one_step() -> tuple[list[torch.Tensor], list[Any]]:
-            return flat(1), optree.tree_leaves(graphs.run_steps(self.step, 1, start, inputs, carry))
-
-        out = self._run(flat(count), one_step)
-        if out is not None:
-            return out
-        return graphs.run_steps(self.compiled or self.step, count, start, inputs, carry)
-
-
-class ObservedKernel(LoopKernel):
-    """``chunk(stops, start, inputs, carry) -> (carry, observations)``: ``graphs.run_observed`` of ``step`` and
-    ``observe`` in one compiled call, for at most ``rows`` stops; observations come back stacked (leaves
-    (rows, *shape), the rows past ``len(stops)`` zeros).
-
-    The loop's fast path: where it cannot be built (the observation does not trace, the compiler fails) it says
-    so once through ``failed`` and the loop takes its ordinary path; it never falls back to another route.
-    """
-
-    def __init__(
-        self, step: graphs.StepFn, observe: Callable[[Any], Any], rows: int, carry: Any, inputs: Any, options: Compile
-    ) -> None:
-        self.observe, self.rows, self.failed = observe, rows, False
-        self.observed_spec: Any = None
-        self.observed_packing: graphs.Packing | None = None
-        super().__init__(step, carry, inputs, options._replace(route="aot"), "the observed loop")
-
-    def _fall_back(self, error: BaseException) -> None:
-        self.failed, self.package = True, None
-
-    def _trace(self, carry: Any, inputs: Any) -> tuple[_Package, Any]:
-        example_step = optree.tree_map(lambda block: block[0], inputs)
-        step = _simplified(graphs.trace(self.step, (carry, example_step)), unfold=True)
-        observe = _simplified(graphs.trace(self.observe, (carry,)), unfold=True)
-        observed_example = optree.tree_leaves(self.observe(carry))
-        self.observed_packing = graphs.Packing.of(tuple(observed_example))
-        self.observed_spec = observe.out_spec
-        input_leaves, _ = optree.tree_flatten(inputs)
-        carry_leaves, carry_spec = optree.tree_flatten(carry)
-        stops = torch.arange(1, self.rows + 1, dtype=torch.int64)
-        n_stops, start = torch.tensor(self.rows, dtype=torch.int64), torch.zeros((), dtype=torch.int64)
-        example = [stops, n_stops, start, *input_leaves, *carry_leaves]
-        options = inductor_options(carry)
-        unroll = self.options.unroll
-        key = cache.kernel_key(
-            step.graph.code + observe.graph.code,
-            step.constants() + observe.constants(),
-            example,
-            options,
-            f"observed-loop-unroll-{unroll}-{graphs.loop_code()}",
-        )
-        module = graphs.ObservedStepLoop(step.graph, observe.graph, len(input_leaves), unroll)
-        return _Package(module, example, key, options, step.nodes + observe.nodes), carry_spec
-
-    def stacked(self, seen: list[Any]) -> Any:
-        """The eager twin's observations stacked as the kernel gives them (``rows`` rows, zeros past the last)."""
-        stacked = optree.tree_map(lambda *rows: torch.stack(rows), *seen)
-        return optree.tree_map(
-            lambda leaf: torch.cat([leaf, leaf.new_zeros((self.rows - leaf.shape[0], *leaf.shape[1:]))]), stacked
-        )
-
-    def observe_call(self, stops: list[int], start: int, inputs: Any, carry: Any) -> tuple[Any, Any] | None:
-        """(the carry at the last stop, the stacked observations); None where the fast path failed (the caller
-        takes its ordinary path). ``stops``: at most ``rows`` increasing step counts, the first > 0."""
-        if self.failed or len(stops) > self.rows or not (_concrete(inputs) and _concrete(carry)):
-            return None
-        flat_stops = torch.zeros(self.rows, dtype=torch.int64)
-        flat_stops[: len(stops)] = torch.tensor(stops, dtype=torch.int64)
-
-        def flat(n: int) -> list[torch.Tensor]:
-            return [
-                flat_stops,
-                self.scalar("count", n),
-                self.scalar("start", start),
-                *optree.tree_leaves(inputs),
-                *optree.tree_leaves(carry),
-            ]
-
-        def probe() -> tuple[list[torch.Tensor], list[Any]]:
-            end, seen = graphs.run_observed(self.step, self.observe, stops[:1], start, inputs, carry)
-            assert self.observed_packing is not None
-            leaves = optree.tree_leaves(self.stacked(seen))
-            tables = [
-                torch.cat(
-                    [leaf.reshape(self.rows, -1) for leaf, place in zip(leaves, places, strict=True) if place[0] == b],
-                    1,
-                )
-                for b, places in enumerate([self.observed_packing.places] * len(self.observed_packing.dtypes))
-            ]
-            return flat(1), [*optree.tree_leaves(end), *tables]
-
-        run = self._checked_run(probe)
-        if run is None or self.package is None:
-            return None
-        out = run(self.package.fits(flat(len(stops))))
-        assert self.observed_packing is not None
-        n_carry = len(optree.tree_leaves(carry))
-        carry_out = optree.tree_unflatten(self.out_spec, out[:n_carry])
-        tables = tuple(out[n_carry:])
-        leaves = [
-            tables[b][:, offset : offset + n].reshape((self.rows, *shape))
-            for b, offset, n, shape in self.observed_packing.places
-        ]
-        return carry_out, optree.tree_unflatten(self.observed_spec, leaves)
-
-
-class FunctionKernel(Kernel):
-    """``fn(*args)`` compiled: the AOTInductor package of its traced graph, or ``torch.compile``."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple, options: Compile, what: str) -> None:
-        self.fn = fn
-        super().__init__(fn, options, what, *args)
-
-    def _trace(self, *args: Any) -> tuple[_Package, Any]:
-        traced = _simplified(graphs.trace(self.fn, args))
-        example: list[torch.Tensor] = optree.tree_leaves(args)  # type: ignore[arg-type]
-        values = inductor_options(args)
-        key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
-        return _Package(traced.graph, example, key, values, traced.nodes), traced.out_spec
-
-    def __call__(self, *args: Any) -> Any:
-        if not _concrete(args):
-            return self.fn(*args)
-        out = self._run(_leaves(args), lambda: (_leaves(args), optree.tree_leaves(self.fn(*args))))
-        if out is not None:
-            return out
-        assert self.compiled is not None
-        return self.compiled(*args)
 
 
 class _DynamoOrEager:
@@ -561,53 +388,87 @@ class _DynamoOrEager:
             return result
 
 
-def loop_kernel(
-    step: graphs.StepFn, carry: Any, inputs: Any, *, key: Hashable, options: Compile, what: str = "the step"
-) -> LoopKernel:
-    """The compiled loop of ``step`` for carries and input blocks shaped like these, built once per process
-    (``key``: what the step depends on besides its inputs: the problem, dt, plan, solver, optimizer)."""
-    _compat.use_cache_folders(cache.cache_dir())
-    signature = ("loop", key, options, _signature(carry), _signature(inputs))
-    return cache.kernel(signature, lambda: LoopKernel(step, carry, inputs, options, what))
-
-
-def observed_kernel(
-    step: graphs.StepFn,
-    observe: Callable[[Any], Any],
-    rows: int,
-    carry: Any,
-    inputs: Any,
+def block_kernel(
+    body: Callable[..., tuple],
+    observe: Callable[..., tuple],
+    capacity: int,
+    args: tuple,
     *,
     key: Hashable,
     options: Compile,
-) -> ObservedKernel:
-    """The compiled observed loop (``ObservedKernel``) of ``step`` and ``observe``, built once per process (``key``
-    names both: the problem, dt, plan, solver, optimizer, and what is observed)."""
+    what: str = "the step",
+    part: Callable[..., Any] | None = None,
+    wrap: Callable[[Callable[..., Any]], Callable[..., tuple]] = lambda fn: fn,
+) -> Kernel:
+    """``graphs.run_block`` of the flat ``body`` and ``observe`` (records for up to ``capacity`` rows) compiled
+    for arguments shaped like ``args`` = (count, start, n0, every, alive, blocks, carry), built once per process
+    (``key``: what the body depends on besides its inputs: the problem, dt, plan, bound, record). The
+    ``"dynamo"`` route compiles ``part`` (default ``body``), and steps with ``wrap(compiled part)`` as the body."""
     _compat.use_cache_folders(cache.cache_dir())
-    signature = ("observed", key, rows, options, _signature(carry), _signature(inputs))
-    return cache.kernel(signature, lambda: ObservedKernel(step, observe, rows, carry, inputs, options))
+
+    def meaning(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
+        return graphs.run_block(body, observe, capacity, int(count), int(start), int(n0), int(every), blocks, alive,
+                                carry)
+
+    def trace(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
+        one_step = tuple(block[0] for block in blocks)
+        step = _simplified(graphs.trace(body, (*carry, *one_step, alive)), unfold=True)
+        seen = _simplified(graphs.trace(observe, carry), unfold=True)
+        example = _leaves((count, start, n0, every, alive, blocks, carry))
+        example = [leaf.clone() for leaf in example]  # one object per input: export would alias shared ones
+        values = inductor_options(carry)
+        unroll = options.unroll
+        kernel_key = cache.kernel_key(
+            step.graph.code + seen.graph.code,
+            step.constants() + seen.constants(),
+            example,
+            values,
+            f"block-{capacity}-unroll-{unroll}-{graphs.loop_code()}",
+        )
+        module = graphs.BlockLoop(step.graph, seen.graph, len(blocks), capacity, unroll)
+        tables = graphs.Packing.of(tuple(observe(*carry))).sizes()
+        spec = optree.tree_structure(graphs.BlockOut(count, count, count, carry, tuple(tables)))  # type: ignore[arg-type]
+        return _Package(module, example, kernel_key, values, step.nodes + seen.nodes), spec
+
+    def dynamo(compiled_body: Callable[..., tuple]) -> Callable[..., Any]:
+        def run(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
+            return graphs.run_block(wrap(compiled_body), observe, capacity, int(count), int(start), int(n0), int(every),
+                                    blocks, alive, carry)
+
+        return run
+
+    def probe(args: tuple) -> tuple:
+        count, *rest = args
+        return (torch.ones_like(count), *rest)
+
+    signature = ("block", key, capacity, options, _signature(args))
+    return cache.kernel(signature, lambda: Kernel(meaning, args, trace, part or body, dynamo, options, what, probe))
 
 
 def function_kernel(
     fn: Callable[..., Any], args: tuple, *, key: Hashable, options: Compile, what: str = "the step"
-) -> FunctionKernel:
-    """``fn`` compiled for arguments shaped like ``args``, built once per process (``key`` as for ``loop_kernel``)."""
+) -> Kernel:
+    """``fn`` compiled for arguments shaped like ``args``, built once per process (``key`` as for ``block_kernel``)."""
     _compat.use_cache_folders(cache.cache_dir())
+
+    def trace(*example_args: Any) -> tuple[_Package, Any]:
+        traced = _simplified(graphs.trace(fn, example_args))
+        example: list[torch.Tensor] = _leaves(example_args)
+        values = inductor_options(example_args)
+        kernel_key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
+        return _Package(traced.graph, example, kernel_key, values, traced.nodes), traced.out_spec
+
     signature = ("function", key, options, _signature(args))
-    return cache.kernel(signature, lambda: FunctionKernel(fn, args, options, what))
+    return cache.kernel(signature, lambda: Kernel(fn, args, trace, fn, lambda compiled: compiled, options, what))
 
 
 __all__ = [
     "SINGLE_THREAD_BELOW",
-    "FunctionKernel",
     "Kernel",
-    "LoopKernel",
-    "ObservedKernel",
+    "block_kernel",
     "clear",
     "counts",
     "function_kernel",
     "inductor_options",
-    "loop_kernel",
-    "observed_kernel",
     "root_cause",
 ]

@@ -9,6 +9,8 @@ from typing import Any
 import optree
 import torch
 
+from .. import _compat
+
 PyTree = Any
 
 
@@ -66,9 +68,11 @@ def squared_norm(tree: PyTree) -> torch.Tensor:
 
 def norm(tree: PyTree) -> torch.Tensor:
     """|tree| = sqrt(sum of squares over every leaf), detached: one fused call for the leaves' norms (no
-    autograd, no transforms: for the loop's records, not for a pure function)."""
+    autograd, no transforms: for the loop's records, not for a pure function). Traced (into a block's kernel):
+    one reduction per leaf, as a compiled package cannot be loaded with foreach calls."""
     values = [leaf.detach() for leaf in leaves(tree)]
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(values)))
+    norms = [torch.linalg.vector_norm(v) for v in values] if _compat.tracing() else torch._foreach_norm(values)
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def peak(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -76,5 +80,7 @@ def peak(tensors: list[torch.Tensor]) -> torch.Tensor:
     norms in one fused call, the others (integers) one by one. ``tensors`` must hold at least one number."""
     floating = [t.detach() for t in tensors if t.numel() and t.is_floating_point()]
     others = [t.detach().abs().amax() for t in tensors if t.numel() and not t.is_floating_point()]
+    if _compat.tracing():  # into a block's kernel: a compiled package cannot be loaded with foreach calls
+        others, floating = [t.abs().amax() for t in floating] + others, []
     peaks = [*(torch._foreach_norm(floating, math.inf) if floating else ()), *others]
     return torch.stack(peaks).amax()

@@ -10,8 +10,9 @@
   state and history); an ensemble's per-member flags are combined (a member frozen on one rank is frozen
   on all);
 - ``record``: a record's costs become means over every rank's particles;
-- ``failed``: a rank that raised (or was interrupted) makes the gradient collectives the others make up to
-  their next check, with a zero gradient, and reports there, so every rank stops at the same check.
+- ``failed``: a rank that raised, diverged inside a block (every step is checked there) or was interrupted makes
+  the gradient collectives the others make up to their next check, with a zero gradient, and reports there
+  with its last good state, so every rank stops at the same check.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from ..core._tree import squared_norm, tree_map
+from ..core.errors import DivergenceError
 from ..driver.hooks import Hook, RunView
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
 from .group import GroupError, all_reduce, broadcast, group_mean, is_initialized, print_main, world_size
@@ -98,7 +100,13 @@ class GroupHook(Hook):
     def failed(self, loop: RunView, error: BaseException) -> None:
         if isinstance(error, GroupError):
             return
-        code = INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED
+        code = (
+            INTERRUPTED
+            if isinstance(error, KeyboardInterrupt)
+            else DIVERGED
+            if isinstance(error, DivergenceError)
+            else FAILED
+        )
         stop = loop.next_event(loop.carry.n, record_hooks_only=True)
         zeros = tree_map(torch.zeros_like, loop.carry.state.theta)
         try:

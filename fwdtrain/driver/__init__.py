@@ -3,7 +3,7 @@
 - ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``; ``choose_route`` (eager or compiled, and why);
 - ``options``: ``SaveAt`` (what to record, how often) and ``Checks`` (divergence checks);
 - ``hooks``: ``Progress``, ``Checkpointing``, ``Callback``, ``GradientHook`` and the ``Hook`` base class;
-- ``loop``: the ``Loop`` itself; ``steppers``: eager or compiled steps, chosen once;
+- ``loop``: the ``Loop`` itself; ``block``: a block of steps, eager or compiled (one function);
 - ``checkpoint``: ``save``, ``load``, ``check_compatible`` (atomic, weights_only, digest-checked files);
 - ``evaluate``: ``stationary_cost`` (J with theta frozen, for reports).
 """

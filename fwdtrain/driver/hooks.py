@@ -5,9 +5,9 @@ A hook subclasses ``Hook`` and overrides what it needs; the loop calls, in this 
     start(loop)               before the first step (probe a path, open a bar); may raise, nothing stepped yet
     reduce(gradient)          between the two halves of every step (``reduces_gradient = True``)
     agree(choice) -> choice   once, when ``compile="auto"`` has chosen eager or compiled (a group agrees here)
-    checked(loop, ok) -> ok   after every divergence check, before the loop acts on it (a group agrees here)
+    checked(loop, ok) -> ok   at the Checks(every) grid, on the checked state (a group agrees on its ranks' checks)
     record(values) -> values  on every record before it is kept (a group averages its costs here)
-    at(loop)                  at every multiple of ``every`` steps, after that step's check and record
+    at(loop)                  at every multiple of ``every`` steps (a block ends there), after its records
     failed(loop, error)       a step raised or was interrupted; a hook may raise something else instead
     end(loop, interrupted)    after the last step or a Ctrl-C (a checkpoint is written here)
 

@@ -1,11 +1,12 @@
-"""The loop: a problem's steps between events, with a history, divergence checks and hooks.
+"""The loop: a run's blocks of steps, the hooks between them, and the history.
 
-``Loop.advance_to(n)`` steps until step n (it can be advanced again). Steps come from a
-stepper (``steppers``: eager or compiled, chosen once); between two events every step is
-unchecked. At its events the loop checks for divergence (``Checks``), takes a record
-(``SaveAt``) and calls its hooks (``hooks``). It knows only the ``Trainable`` interface: a problem
-made of E independent members (an ensemble) answers ``within`` with (E,) flags, and then a member
-that fails a check is frozen at its last checked state (``Trainable.freeze``) while the others go on.
+``Loop.advance_to(n)`` steps until step n (it can be advanced again). The steps are taken in blocks
+(``block.Block``: eager or compiled, the same function), each up to the noise chunk's end or the next
+hook's turn; inside a block every step is checked (finite, the bound, the learning rate) and the
+records on the ``SaveAt`` grid are taken. A block whose check fails returns where it stopped; the loop
+then raises ``DivergenceError`` with the state of the step before, or, for a problem of E independent
+members (an ensemble: ``within`` answers (E,) flags), freezes the members that failed at that state and
+goes on with the others. Python runs once per block, not per step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import optree
 import torch
 
 from .. import _compat
@@ -22,7 +22,6 @@ from ..compile import route
 from ..compile.options import Compile
 from ..compile.route import Route
 from ..core import _checks
-from ..core._tree import tree_map as optree_map
 from ..core.errors import DivergenceError
 from ..core.history import History, Record, Records, build, empty_records, last_step
 from ..core.noise import Noise
@@ -30,11 +29,9 @@ from ..core.schedules import Schedule
 from ..core.state import State
 from ..optim import Average
 from ..problems.trainable import Trainable
+from .block import Block, Carry, Outcome, Stepping, rates, signature_key
 from .hooks import Hook
 from .options import Checks, SaveAt
-from .steppers import Auto, Carry, Compiled, Eager, Stepping
-
-MAX_STOPS = 64  # a compiled block with more events than this takes the ordinary path (one call per event)
 
 
 def _next(n: int, every: int | None) -> int:
@@ -75,16 +72,18 @@ def continued(history: History | None, state: State) -> tuple[int, torch.Tensor,
 
 
 class Loop:
-    """A run's loop from ``driver.run.setup``; ``advance_to(n)`` steps it to step n and it can be advanced again.
+    """A run's loop from ``driver.runner.setup``; ``advance_to(n)`` steps it to step n and it can be advanced again.
 
-    ``carry`` is where it stands; records are kept as they are taken and ``history()`` stacks them.
+    ``carry`` is where it stands (every step of it checked); records are kept as they are taken and ``history()``
+    stacks them. ``block`` is the run's ``Block``; with ``compile="auto"`` it is built at the first step, on the
+    route the rule chooses (``route.choose``, agreed by the hooks: a group takes rank 0's), from the step's
+    ``route.StepCost``: the one a continued run's history carries, else the first step's, taken eagerly and counted.
     """
 
     def __init__(
         self,
         problem: Trainable,
         stepping: Stepping,
-        stepper: Any,
         source: Noise,
         carry: Carry,
         end: int,
@@ -95,13 +94,13 @@ class Loop:
         previous: History | None,
         options: Compile,
         lr: Any,
+        cost: route.StepCost | None = None,
     ) -> None:
-        self.problem, self.stepping, self.stepper, self.source = problem, stepping, stepper, source
+        self.problem, self.stepping, self.source = problem, stepping, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
-        self.previous, self.lr, self.options = previous, lr, options
+        self.previous, self.lr, self.options, self.cost = previous, lr, options, cost
         self.kernel_events = route.kernel_events()  # kernels compiled or loaded before this run
-        self.chunk = options.chunk  # steps of noise drawn at once
-        self.flush_subnormals = options.flush_subnormals  # steps and events with subnormals read as zero
+        self.chunk = options.chunk  # steps of noise drawn at once: the longest block
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
         self.record_state: Callable[[State], Any] = save.record or problem.record
@@ -110,7 +109,7 @@ class Loop:
         averaged = isinstance(carry.state.average, Average)
         self.empty_average = empty_records(carry.state.average.mean) if averaged else None
         self.dtype = carry.state.x.dtype
-        self.good = (carry, source.state_dict(carry.n))  # the last carry that passed a check, with its noise position
+        self.good = (carry, source.state_dict(carry.n))  # the last checked carry, with its noise position
         flags = problem.within(carry.state, checks.bound)
         # members (a problem whose ``within`` has a member axis): (alive (E,) bool, frozen_at (E,) int64, -1: running)
         self.members: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -126,33 +125,35 @@ class Loop:
                     torch.ones_like(flags, dtype=torch.bool),
                     torch.full(flags.shape, -1, dtype=torch.int64),
                 )
+        # hooks that agree on checks (a group) are asked at the ``Checks`` grid; others only at their own turns
+        self.group_checks = any(type(hook).checked is not Hook.checked for hook in hooks)
+        self.decision: Route | None = None if options.enabled == "auto" else route.fixed(options.enabled is True)
+        self.block: Block | None = None if options.enabled == "auto" else self._block(options.enabled is True)
 
-        # the fast path of a compiled run without hooks or members: a block's records and checks observed inside
-        # its kernel (``_observed_block``); built at the first block, dropped for good if it cannot be
-        everies = [every for every in (save.every, checks.every) if every]
-        # the most stops a block can hold: each cadence's events in chunk steps, the first step, the end, its end
-        self.stops = sum(self.chunk // every + 1 for every in everies) + 3
-        self.observer: Any = None
-        self.observable = (
-            isinstance(stepper, (Compiled, Auto))
-            and options.route == "aot"
-            and not hooks
-            and self.members is None
-            and save.record is None
-            and type(problem).within is Trainable.within  # what the observation computes in the kernel
-            and type(problem).gradient_norm is Trainable.gradient_norm
-            and self.stops <= MAX_STOPS
+    def _block(self, compiled: bool) -> Block:
+        return Block(
+            self.stepping,
+            self.carry,
+            bound=self.checks.bound,
+            record=self.record_state,
+            members=self.members is not None,
+            chunk=self.chunk,
+            every=self.save.every,
+            options=self.options._replace(enabled=compiled),
+            compiled=compiled,
         )
-
-    def set_carry(self, carry: Carry) -> None:
-        self.carry = carry
 
     @property
     def route(self) -> Route | None:
         """How the steps are computed and why (``compile.route``); None while ``compile="auto"`` has not chosen."""
-        if isinstance(self.stepper, Auto):
-            return self.stepper.decision
-        return route.fixed(not isinstance(self.stepper, Eager))
+        return self.decision
+
+    @property
+    def alive(self) -> torch.Tensor:
+        """(E,) bool: the members still running; a 0-d True without members."""
+        if self.members is None:
+            return torch.ones((), dtype=torch.bool)
+        return self.members[0]
 
     # ---- records ----
     def running_cost(self) -> torch.Tensor:
@@ -161,14 +162,8 @@ class Loop:
         average = c.total / max(c.n, 1)
         return average if self.members is None else average[self.members[0]].mean()
 
-    def record_now(self, c: Carry | None = None) -> None:
-        """Take a record of carry ``c`` (default the current one), unless there is one at that step."""
-        c = self.carry if c is None else c
-        if c.info is None or last_step(self.records) == c.n:
-            return
-        g, total_g = self.window
-        cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
-        grad, average = self.problem.gradient_norm(c.info.gradient), c.total / c.n
+    def _values(self, cost: torch.Tensor, grad: torch.Tensor, average: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A record's (cost, grad_norm, average_cost) as kept: a frozen member's NaN, then the hooks' ``record``."""
         if self.members is not None:  # a frozen member has no cost or gradient after its freeze
             alive = self.members[0]
             cost, grad, average = (
@@ -177,14 +172,38 @@ class Loop:
         values = {"cost": cost, "average_cost": average}
         for hook in self.hooks:
             values = hook.record(values)
+        return values["cost"], grad, values["average_cost"]
+
+    def record_now(self, c: Carry | None = None) -> None:
+        """Take a record of carry ``c`` (default the current one), unless there is one at that step."""
+        c = self.carry if c is None else c
+        if c.info is None or last_step(self.records) == c.n:
+            return
+        g, total_g = self.window
+        cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
+        cost, grad, average = self._values(cost, self.problem.gradient_norm(c.info.gradient), c.total / c.n)
         theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
         self.records.append(
-            Record(
-                c.n, c.state.t, values["cost"], grad, values["average_cost"], self.record_state(c.state), theta_average
-            )
+            Record(c.n, c.state.t, cost, grad, average, self.record_state(c.state), theta_average)
         )
         if c.n % self.save.every == 0:
             self.window = (c.n, c.total)
+
+    def _take_records(self, first: int, seen: dict[str, Any]) -> None:
+        """The records a block took (``seen``: stacked, at the steps of the record grid after step ``first``)."""
+        every = self.save.every
+        steps = torch.arange(len(seen["t"]), dtype=torch.int64) * every + (first // every + 1) * every
+        totals = seen["total"]
+        g, total_g = self.window
+        starts = torch.cat([torch.tensor([g]), steps[:-1]])  # the window of each record: since the previous one
+        previous = torch.cat([total_g.unsqueeze(0), totals[:-1]])
+        shape = (-1,) + (1,) * (totals.ndim - 1)
+        cost = ((totals - previous) / (steps - starts).reshape(shape)).to(self.dtype)
+        cost, grad, average = self._values(cost, seen["grad_norm"], totals / steps.reshape(shape))
+        self.records.append(
+            Records(steps, seen["t"], cost, grad, average, seen["record"], seen.get("theta_average"))
+        )
+        self.window = (int(steps[-1]), totals[-1])
 
     def history(self, c: Carry | None = None, noise_state: dict | None = None, interrupted: bool = False) -> History:
         """The history up to the last record, continuing from carry ``c`` (default the current one)."""
@@ -195,9 +214,8 @@ class Loop:
             "window_start": torch.tensor(self.window[0], dtype=torch.int64),
             "window_total": self.window[1],
         }
-        cost = getattr(self.stepper, "cost", None)  # "auto"'s counted step: a continued run need not count again
-        if cost is not None:
-            carried.update(route.as_carry(cost))
+        if self.cost is not None:  # "auto"'s counted step: a continued run need not count again
+            carried.update(route.as_carry(self.cost))
         alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(
             self.records,
@@ -215,38 +233,35 @@ class Loop:
 
     # ---- checks ----
     def check(self) -> None:
-        """Raise ``DivergenceError`` unless the current state is finite (and within the bound).
-
-        With members: a member that fails is frozen at its state of the last passed check (``freeze``)
-        and flagged; the error is raised only when no member is left running.
-        """
+        """The hooks' agreement on the current state's check (a group's, at the ``Checks`` grid): raise
+        ``DivergenceError`` unless it is finite (and within the bound); with members, freeze the members that fail
+        (``freeze``) and raise only when none is left running."""
         c = self.carry
         ok = self.problem.within(c.state, self.checks.bound)
+        if self.members is not None:
+            ok = ok | ~self.members[0]
         for hook in self.hooks:
             ok = hook.checked(self, ok)
         if self.members is None:
             if not bool(ok.all()):
-                raise self.diverged(c.n)
-        else:
-            alive, frozen_at = self.members
-            running, good = alive & ok, self.good[0]
-            frozen_at = torch.where(alive & ~ok, torch.tensor(good.n), frozen_at)
-            if not bool(running.any()):  # every member has diverged: the run has
-                self.record_now(good)
-                self.members = (running, frozen_at)
-                raise self.diverged(c.n)
-            if not bool(running.all()):  # freeze the failed members (and reset the frozen ones) at the last pass
-                c = Carry(
-                    self.problem.freeze(good.state, c.state, running),
-                    c.n,
-                    torch.where(running, c.total, good.total),
-                    c.info,
-                )
-                self.carry = c
-            self.members = (running, frozen_at)
-        self.good = (c, self.source.state_dict(c.n))
+                error = self.diverged(c.n)
+                error.agreed = True  # type: ignore[attr-defined]  # the group made this check together
+                raise error
+            return
+        failed = self.members[0] & ~ok
+        if bool(failed.any()):
+            self._freeze(failed, c)
 
-    def bad_rate(self, n: int) -> DivergenceError:
+    def _freeze(self, failed: torch.Tensor, good: Carry) -> None:
+        """Freeze the ``failed`` members at ``good`` (their state, step and total stay there); raise when none runs."""
+        alive, frozen_at = self.members  # type: ignore[misc]
+        running = alive & ~failed
+        self.members = (running, torch.where(failed, torch.tensor(good.n), frozen_at))
+        if not bool(running.any()):
+            raise self.diverged(good.n + 1)
+        self.carry = good
+
+    def bad_rate(self, n: int) -> Exception:
         """The error for step n, whose state's learning rate alpha(t_n) is not a finite number >= 0: the steps
         stopped at n - 1, and the error carries that state (the loop's carry) and its history."""
         c = self.carry
@@ -256,85 +271,50 @@ class Loop:
             reason = f"the learning rate at t = {t.tolist()} is not a finite number >= 0"
         except (TypeError, ValueError) as error:
             reason = str(error)
-        self.record_now(c)
-        return DivergenceError(
-            f"{reason}; the run stopped at step {n}, the step of that time, and keeps the state of step {c.n} "
-            f"(t = {c.state.t.tolist()}) in error.state",
-            step=n,
-            last_finite_step=c.n,
-            state=c.state,
-            history=self.history(c),
-        )
+        message = f"{reason}; the run stopped at step {n}, the step of that time, and keeps the state of step {c.n} "
+        return self._error(f"{message}(t = {c.state.t.tolist()}) in error.state", n, c)
 
-    def diverged(self, n: int) -> DivergenceError:
-        """The error for a failed check at step n, carrying the last state that passed and its history; it
-        names the step and the coefficient that first became non-finite when a replay finds them."""
-        last, noise_state = self.good  # no record is ever taken after the last passed check
+    def _error(self, message: str, n: int, last: Carry, noise_state: dict | None = None, **more: Any) -> Exception:
+        """``DivergenceError`` at step n with the state of carry ``last`` and the history up to it (recorded)."""
         self.record_now(last)
+        history = self.history(last, noise_state)
+        return DivergenceError(message, step=n, last_finite_step=last.n, state=last.state, history=history, **more)
+
+    def diverged(self, n: int) -> Exception:
+        """The error for a failed check at step n, carrying the last checked state (of step n - 1 where the
+        block found it, at a group's check the one before) and its history; it names the problem's function
+        that was NaN or inf at that state when there is one (``Trainable.nonfinite``)."""
+        last, noise_state = self.good
+        if self.carry.n == n - 1:
+            last, noise_state = self.carry, self.source.state_dict(self.carry.n)
         limit = f" or exceeded bound={self.checks.bound}" if self.checks.bound is not None else ""
         t0 = float(last.state.t.amax())
-        dt = float(self.stepping.dt)
-        first, culprit = (n, None) if self.members is not None else self.replay(last, noise_state, n)
-        at = f"at step {first} (t = {t0 + (first - last.n) * dt:.6g})"
+        culprit = self.problem.nonfinite(last.state) if self.members is None and last.n == n - 1 else None
+        at = f"at step {n} (t = {t0 + (n - last.n) * float(self.stepping.dt):.6g})"
         if culprit is not None:
-            detail = (
-                f"x, x_tilde or theta became non-finite{limit} {at}: the {culprit} returned NaN or inf at the "
-                f"particles of step {first - 1}"
-            )
-        elif first < n:
-            detail = (
-                f"x, x_tilde or theta became non-finite{limit} {at} (every function of the problem was finite at "
-                f"step {first - 1})"
-            )
+            detail = f"x, x_tilde or theta became non-finite{limit} {at}: the {culprit} returned NaN or inf at the "
+            detail += f"particles of step {n - 1}"
+        elif last.n == n - 1:
+            detail = f"x, x_tilde or theta became non-finite{limit} {at} (every function of the problem was finite "
+            detail += f"at step {n - 1})"
         else:
             detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
         what = "the run" if self.members is None else "every member of the ensemble"
-        return DivergenceError(
-            f"{what} diverged: {detail}; the last checked state, of step "
-            f"{last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step",
-            step=first,
-            last_finite_step=last.n,
-            state=last.state,
-            history=self.history(last, noise_state),
-            culprit=culprit,
-        )
-
-    def replay(self, last: Carry, noise_state: dict, n: int) -> tuple[int, str | None]:
-        """Step eagerly from the last checked state to the first step whose state fails the check: (that step,
-        the problem's function that was not finite at the state before it, ``Trainable.nonfinite``, or None).
-        (n, None) when the replay is not possible (a gradient hook: its collectives cannot be repeated)."""
-        source = _rewound(self.source, noise_state, last.state)
-        if source is None or self.stepping.reduce is not None:
-            return n, None
-        eager, carry = Eager(self.stepping), last
-        block = source.draw(n - last.n)
-        for i in range(n - last.n):
-            culprit = self.problem.nonfinite(carry.state)
-            carry, failing = eager.steps(carry, block, i, 1, lambda c: None)
-            if failing is not None:
-                return n, None
-            if not bool(self.problem.within(carry.state, self.checks.bound).all()):
-                return carry.n, culprit
-        return n, None
+        kept = f"the last checked state, of step {last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step"
+        return self._error(f"{what} diverged: {detail}; {kept}", n, last, noise_state, culprit=culprit)
 
     def visible(self, c: Carry | None = None) -> State:
-        """The state a callback sees: with members, the frozen ones at their frozen state."""
-        c = self.carry if c is None else c
-        if self.members is None or bool(self.members[0].all()):
-            return c.state
-        return self.problem.freeze(self.good[0].state, c.state, self.members[0])
+        """The state a callback sees (a frozen member stays at its frozen state inside the blocks)."""
+        return (self.carry if c is None else c).state
 
     # ---- the loop ----
     def next_event(self, n: int, stop: int | None = None, *, record_hooks_only: bool = False) -> int:
         """The loop's one event clock: the first step after n (and no later than ``stop``, default the end) at
-        which it checks: a divergence check, a record, the first step, a hook's turn, the end. A process group
-        asks with ``record_hooks_only`` for the events every rank shares (hooks that need a record)."""
-        first = self.start + 1 if n < self.start + 1 else sys.maxsize  # one check after the first step
+        which a block ends for Python: a hook's turn, a group's check, the end. A process group asks with
+        ``record_hooks_only`` for the events every rank shares (its checks, and hooks that need a record)."""
         hooks = [hook for hook in self.hooks if hook.needs_record or not record_hooks_only]
         return min(
-            _next(n, self.save.every),
-            _next(n, self.checks.every),
-            first,
+            _next(n, self.checks.every) if self.group_checks else sys.maxsize,
             *(_next(n, hook.every) for hook in hooks),
             self.end,
             self.end if stop is None else stop,
@@ -342,29 +322,27 @@ class Loop:
 
     def _on_event(self) -> None:
         n = self.carry.n
-        is_record = n % self.save.every == 0 or n == self.end
         due = [hook for hook in self.hooks if hook.every and n % hook.every == 0]
-        needs_record = any(hook.needs_record for hook in due)
-        if is_record or needs_record or n % self.checks.every == 0 or n == self.start + 1:
+        if self.group_checks and (n % self.checks.every == 0 or n == self.end):
             self.check()
-        if is_record or needs_record:
+        if n == self.end or any(hook.needs_record for hook in due):
             self.record_now()
         for hook in due:
             hook.at(self)
 
     def advance_to(self, stop: int) -> Carry:
-        """Step until step ``stop`` (at most the end): unchecked steps, events at their steps. Returns the carry.
+        """Step until step ``stop`` (at most the end), a block at a time, the hooks at their turns. Returns the carry.
 
-        Raises ``DivergenceError`` at a failed check; KeyboardInterrupt leaves ``carry`` at the last whole step
-        (after the hooks' ``failed``, which may raise instead). With ``flush_subnormals`` the steps and events run
-        with subnormal floats read as zero on this thread (``_compat.subnormals_flushed``), the mode restored after.
+        Raises ``DivergenceError`` at a failed check; KeyboardInterrupt leaves ``carry`` at the last whole block
+        (after the hooks' ``failed``, which may raise instead). With ``flush_subnormals`` the steps run with
+        subnormal floats read as zero on this thread (``_compat.subnormals_flushed``), the mode restored after.
         """
         stop = min(stop, self.end)
         try:
-            with _compat.subnormals_flushed(self.flush_subnormals):
+            with _compat.subnormals_flushed(self.options.flush_subnormals):
                 self._advance(stop)
         except BaseException as error:
-            if not isinstance(error, DivergenceError):
+            if not getattr(error, "agreed", False):  # a check the group made together needs no report
                 for hook in self.hooks:
                     hook.failed(self, error)
             raise
@@ -373,147 +351,80 @@ class Loop:
     def _advance(self, stop: int) -> None:
         next_event = self.next_event(self.carry.n, stop)
         while self.carry.n < stop:
-            block = self.source.draw(min(self.chunk, stop - self.carry.n))  # a compiled stepper pads it
-            first, i, tried = self.carry.n, 0, False
-            while i < len(block):
-                # the fast path, once a block: from its start, or from where "auto" chose to compile
-                if self.observable and not tried and self._fast_stepper() is not None:
-                    tried = True
-                    if self._observed_block(block[i:] if i else block, stop):
-                        next_event = self.next_event(self.carry.n, stop)
-                        break
-                count = min(next_event - self.carry.n, len(block) - i)
-                _, failing = self.stepper.steps(self.carry, block, i, count, self.set_carry)
-                if failing is not None:
-                    raise self.bad_rate(failing)
-                i = self.carry.n - first  # "auto" returns after its counted first step
+            dw = self.source.draw(min(self.chunk, stop - self.carry.n))
+            first = self.carry.n
+            while (i := self.carry.n - first) < len(dw):
+                if self.block is None:
+                    self._choose(dw[i])  # "auto": may take the first step, counted
+                assert self.block is not None
+                if self.carry.n == first + i:
+                    count = min(next_event - self.carry.n, len(dw) - i)
+                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i)
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
 
-    # ---- the fast path: a block's events observed inside its compiled loop ----
-    def _events_in(self, n: int, length: int, stop: int) -> list[int]:
-        """The events after step n up to step n + length (the loop's clock, ``next_event``)."""
-        events: list[int] = []
-        last = n + length
-        while (event := self.next_event(n, stop)) <= last and event > n:
-            events.append(event)
-            n = event
-        return events
-
-    def _fast_stepper(self) -> Compiled | None:
-        """The compiled stepper of the fast path: the run's own, or the one ``compile="auto"`` chose; None while
-        it steps eagerly (or chose to), or where the loop kernel took another route than AOTInductor."""
-        stepper = self.stepper.chosen if isinstance(self.stepper, Auto) else self.stepper
-        return stepper if isinstance(stepper, Compiled) and stepper.kernel.route == "aot" else None
-
-    def _observer(self, stepper: Compiled, carry: Carry) -> Any:
-        """The observed loop kernel of ``stepper`` (``Compiled.observer``), built once: its trace names its package."""
-        if self.observer is None:
-            key = ("observed", self.checks.bound)  # the record is the problem's own (``save.record`` is None)
-            observe = observation(self.problem, self.checks.bound, self.record_state)
-            self.observer = stepper.observer(observe, self.stops, key, carry)
-        return self.observer
-
-    def _observed_block(self, block: torch.Tensor, stop: int) -> bool:
-        """Step the whole of ``block`` in one kernel call, its events' checks and records observed at their steps
-        (and at its end) inside the kernel. False, with nothing changed, where the block needs the ordinary path:
-        too many events, a learning rate of the block not a finite number >= 0, an observation that fails its
-        check (the ordinary path then steps the block again, event by event, and raises as it always does), or a
-        kernel that cannot be built (then for good)."""
-        c, length = self.carry, block.shape[0]
-        events = self._events_in(c.n, length, stop)
-        stops = [event - c.n for event in events]
-        if not stops or stops[-1] != length:
-            stops.append(length)
-        stepper = self._fast_stepper()
-        assert stepper is not None
-        if len(stops) > self.stops:
-            return False
-        out = stepper.observed_steps(self._observer(stepper, c), c, block, stops)
-        if out is None:
-            self.observable = not self.observer.failed
-            return False
-        end, seen = out
-        if not bool(seen["ok"][: len(stops)].all()):
-            return False
-        self._take_records(events, seen)
-        self.carry = end
-        self.good = (end, self.source.state_dict(end.n))
-        return True
-
-    def _take_records(self, events: list[int], seen: dict[str, Any]) -> None:
-        """The records among ``events`` (rows of ``seen``), as ``record_now`` takes them, in one block."""
-        every = self.save.every
-        rows = [k for k, n in enumerate(events) if (every and n % every == 0) or n == self.end]
-        if not rows:
+    def _settle(self, out: Outcome, dw: torch.Tensor, i: int) -> None:
+        """Keep a block's records and carry; where its check failed, find the last good step (stepping the block
+        again to it where the carry went past), and raise or, with members, freeze those that failed."""
+        assert self.block is not None
+        start = self.carry
+        if not out.ok and not out.exact:  # step the block again to its last good step
+            done = out.carry.n - start.n
+            out = self.block(start, dw, i, done, self.alive) if done else Outcome(start, True, True, None)
+            out = out._replace(ok=False)
+        if out.records is not None:
+            self._take_records(start.n, out.records)
+        self.carry = out.carry
+        self.good = (out.carry, self.source.state_dict(out.carry.n))
+        if out.ok:
             return
-        index = torch.tensor(rows, dtype=torch.int64)
-        steps = [events[k] for k in rows]
-        totals = seen["total"].index_select(0, index)
-        g, total_g = self.window
-        starts = torch.tensor([g, *steps[:-1]], dtype=torch.int64)  # the window of each record: every record
-        previous = torch.cat([total_g.reshape(1), totals[:-1]])  # but a run's last is on the grid
-        step = torch.tensor(steps, dtype=torch.int64)
-        cost = ((totals - previous) / (step - starts)).to(self.dtype)
-        average = totals / step
-        pick = lambda tree: None if tree is None else optree_map(lambda leaf: leaf.index_select(0, index), tree)
-        self.records.append(
-            Records(
-                step,
-                seen["t"].index_select(0, index),
-                cost,
-                seen["grad_norm"].index_select(0, index),
-                average,
-                pick(seen["record"]),
-                pick(seen.get("theta_average")),
-            )
+        (bad, _), _ = self.block.counted_step(out.carry, dw[i + out.carry.n - start.n], self.alive, "")
+        n = out.carry.n + 1
+        alphas = rates(self.stepping.schedule, out.carry.state.t, self.stepping.dt, 1)
+        if not bool((torch.isfinite(alphas[1]) & (alphas[1] >= 0)).all()):
+            raise self.bad_rate(n)
+        ok = self.problem.within(bad.state, self.checks.bound)
+        if self.members is None:
+            raise self.diverged(n)
+        self._freeze(self.members[0] & ~ok, out.carry)
+
+    def _choose(self, dw: torch.Tensor) -> None:
+        """``compile="auto"``: the route of the rule, from the history's counted step or from the run's first
+        step, taken here eagerly and counted (kept when it passes its check). Builds ``block``."""
+        key = signature_key(self.stepping, self.options)
+        eager = self._block(False)
+        taken = None
+        if self.cost is None:
+            (taken, ok), self.cost = eager.counted_step(self.carry, dw, self.alive, key)
+        decision = route.choose(
+            self.cost,
+            self.end - self.carry.n,
+            self.start,
+            route.on_disk(self.cost),
+            route.compiler_set_up(),
+            route.eager_spent(self.cost),
         )
-        on_grid = [r for r, n in enumerate(steps) if every and n % every == 0]
-        if on_grid:  # the window of the next record starts at the last record on the grid
-            self.window = (steps[on_grid[-1]], totals[on_grid[-1]])
+        compiling = decision.compiled
+        for hook in self.hooks:  # a group takes rank 0's choice
+            compiling = hook.agree(compiling)
+        self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
+        self.block = self._block(True) if compiling else eager
+        if taken is not None:
+            if not ok:
+                self._settle(Outcome(self.carry, False, True, None), dw.unsqueeze(0), 0)
+            else:
+                self.carry = taken
+                self.good = (taken, self.source.state_dict(taken.n))
+                if taken.n % self.save.every == 0:
+                    self.record_now()
 
-
-def observation(
-    problem: Trainable, bound: float | None, record: Callable[[State], Any]
-) -> Callable[[tuple[State, torch.Tensor, Any]], dict[str, Any]]:
-    """What an event reads of the compiled loop's carry (state, cost total, StepInfo), as a pure function traced
-    into the observed loop: the check (``Trainable.within``: max |.| of x, x_tilde and theta finite, or within the
-    bound; as 0 or 1), the clock, the cost total, the gradient's norm (``Trainable.gradient_norm``), the record
-    and, when the state carries one, the average of theta. Written with plain reductions (no foreach ops: the
-    compiled package could not be loaded with them)."""
-
-    def observe(carry: tuple[State, torch.Tensor, Any]) -> dict[str, Any]:
-        state, total, info = carry
-        largest = torch.stack([leaf.abs().amax() for leaf in _sized((state.x, state.x_tilde, state.theta))]).amax()
-        ok = torch.isfinite(largest) if bound is None else largest <= bound  # NaN compares False
-        norms = [torch.linalg.vector_norm(leaf) for leaf in _sized(info.gradient)]
-        seen = {
-            "ok": ok.to(state.x.dtype),
-            "t": state.t,
-            "total": total,
-            "grad_norm": torch.linalg.vector_norm(torch.stack(norms)) if norms else total.new_zeros(()).to(total),
-            "record": record(state),
-        }
-        if isinstance(state.average, Average):
-            seen["theta_average"] = state.average.mean
-        return seen
-
-    return observe
-
-
-def _sized(tree: Any) -> list[torch.Tensor]:
-    """The leaves of ``tree`` that hold numbers, as floating tensors (an integer leaf's max |.| is exact in float64)."""
-    return [
-        leaf if leaf.is_floating_point() else leaf.to(torch.float64)
-        for leaf in optree.tree_leaves(tree)
-        if isinstance(leaf, torch.Tensor) and leaf.numel()
-    ]
-
-
-def _rewound(source: Noise, saved: dict, state: State) -> Noise | None:
-    """A copy of ``source`` at the position ``saved`` (its ``state_dict``), or None if it cannot be rewound."""
-    return source.rewound(saved, state.x.dtype, state.x.device)
+    def counted_step(self, dw: torch.Tensor, next_rate: bool = True) -> route.StepCost:
+        """The ``route.StepCost`` of one eager step from the current carry (its result dropped)."""
+        eager = self.block if self.block is not None and not self.block.compiled else self._block(False)
+        key = signature_key(self.stepping, self.options)
+        _, cost = eager.counted_step(self.carry, dw, self.alive, key, next_rate)
+        return cost
 
 
 __all__ = ["Carry", "Loop", "check_learning_rate"]

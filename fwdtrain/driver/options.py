@@ -24,11 +24,13 @@ class SaveAt(NamedTuple):
 class Checks(NamedTuple):
     """How the run guards against divergence.
 
+    Every step is checked, inside its block (eager or compiled): x, x_tilde and theta all finite, and
+    ``max |.| <= bound`` when ``bound`` is given, and the learning rate alpha(t_n) of the state a step makes a
+    finite number >= 0. A step n that fails stops the run with the state of step n - 1.
+
     Attributes:
-        every: Steps between divergence checks (default 100; also at the first step, at every record and
-            checkpoint, and at the end). A check looks at x, x_tilde and theta: all finite, and
-            ``max |.| <= bound`` when ``bound`` is given. The learning rate is checked at every step: a step n
-            whose state's alpha(t_n) is not a finite number >= 0 stops the run with the state of step n - 1.
+        every: Steps between the checks that hooks make together (a process group agrees on its ranks' checks
+            at this grid; default 100). It does not change what is checked.
         bound: An upper bound on |x|, |x_tilde| and |theta| (None: finiteness only).
     """
 

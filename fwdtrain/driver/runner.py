@@ -1,6 +1,6 @@
 """``run``: train a problem online for a number of steps; ``setup``: the same, as a ``Loop`` one can step.
 
-``run`` = ``setup`` (validate once, bind the solver and optimizer, choose the stepper, position
+``run`` = ``setup`` (validate once, bind the solver and optimizer, build the block, position
 the noise) + ``Loop.advance_to`` (the unchecked steps between events) + the hooks' ends. It is a
 pure function of its inputs: the same problem, start, noise and options give bitwise the same
 result whatever the noise chunk size, and a continued run equals the uninterrupted one.
@@ -8,7 +8,6 @@ result whatever the noise chunk size, and a continued run equals the uninterrupt
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -24,12 +23,11 @@ from ..core.step import GradientReduce, LearningRate
 from ..optim import GradientTransformation
 from ..problems.cost import as_trainable
 from ..problems.trainable import Trainable
-from . import steppers
+from .block import Carry, Stepping
 from .checkpoint import Checkpoint
 from .hooks import Hook, check_hooks
 from .loop import Loop, check_learning_rate, continued
 from .options import Checks, SaveAt, check_checks, check_save
-from .steppers import Carry, Stepping
 
 
 class Run(NamedTuple):
@@ -81,17 +79,6 @@ def _reduce(hooks: tuple[Hook, ...]) -> GradientReduce | None:
     return reduce
 
 
-def _agree(hooks: tuple[Hook, ...]) -> Callable[[bool], bool]:
-    """The hooks' agreements on a choice, in order (``Hook.agree``)."""
-
-    def agree(choice: bool) -> bool:
-        for hook in hooks:
-            choice = hook.agree(choice)
-        return choice
-
-    return agree
-
-
 def setup(
     problem: Any,
     start: Any,
@@ -131,22 +118,11 @@ def setup(
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
     source = _positioned(source, first, history)
-    stepping = Stepping(trainable, dt, trainable.plan(state, options.derivative_mode()), schedule, _reduce(hooks))
-    example = torch.zeros((options.chunk, *trainable.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
-    stepper = steppers.stepper(
-        stepping._replace(dt=float(dt)) if options.enabled is not False else stepping,
-        state,
-        example,
-        options,
-        first + steps,
-        first,
-        _agree(hooks),
-        route.from_carry(history.carry) if history is not None else None,
-    )
+    plan = trainable.plan(state, options.derivative_mode())
+    stepping = Stepping(trainable, float(dt) if options.enabled is not False else dt, plan, schedule, _reduce(hooks))
     loop = Loop(
         trainable,
         stepping,
-        stepper,
         source,
         Carry(state, first, total, None),
         first + steps,
@@ -156,6 +132,7 @@ def setup(
         previous=history,
         options=options,
         lr=lr,
+        cost=route.from_carry(history.carry) if history is not None else None,
     )
     for hook in hooks:
         hook.start(loop)
@@ -203,7 +180,8 @@ def run(
         optimizer: The update rule, a ``fwdtrain.optim`` transformation; ``state.opt_state`` must be its
             state (``init(..., optimizer=...)``). None: theta <- theta - alpha h G.
         save: ``SaveAt(every, record)``: what the history records and how often (default every 100 steps).
-        checks: ``Checks(every, bound)``: divergence checks (default every 100 steps, and after the first step).
+        checks: ``Checks(every, bound)``: the bound of the divergence check made at every step (default none:
+            finiteness), and the grid at which a process group checks together (default every 100 steps).
         compile: ``"auto"`` (default), ``True``, ``False`` or a ``Compile(...)``: whether and how steps are
             compiled (``fwdtrain.Compile``). Compiled steps equal the eager ones to rounding.
         hooks: ``Progress()``, ``Checkpointing(path, every)``, ``Callback(fn, every)``, or others of
@@ -217,9 +195,9 @@ def run(
             another rule, a learning rate that is negative or non-finite at either end, a noise of the
             wrong shape, a solver that does not take this noise).
         CheckpointError: A checkpoint path that cannot be written (probed before the first step).
-        DivergenceError: x, x_tilde or theta became non-finite (or exceeded ``Checks(bound=...)``); it carries
-            the last state that passed a check and its history, and names the step and, when a replay finds
-            it, the function that first returned NaN or inf.
+        DivergenceError: x, x_tilde or theta became non-finite (or exceeded ``Checks(bound=...)``), or the
+            learning rate did; it carries the state of the step before and its history, and names the step and
+            the problem's function that returned NaN or inf there, when there is one.
         CheckpointWriteError: Training finished but a checkpoint could not be written; it carries the results.
     """
     return execute(
@@ -267,13 +245,12 @@ def choose_route(
     loop = setup(
         problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, compile=compile, save=None, hooks=()
     )
-    auto = loop.stepper
-    if not isinstance(auto, steppers.Auto):
-        return route.fixed(not isinstance(auto, steppers.Eager))
+    if loop.route is not None:  # compile=True or False
+        return loop.route
     if steps == 0:
         return route.Route(False, "no steps to take")
-    _, cost = steppers.counted_step(loop.stepping, loop.carry.state, loop.source.draw(1)[0], auto.options)
-    return route.choose(cost, steps, auto.taken, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost))
+    cost = loop.cost if loop.cost is not None else loop.counted_step(loop.source.draw(1)[0])
+    return route.choose(cost, steps, loop.start, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost))
 
 
 def _leave_marker(loop: Loop) -> None:
@@ -283,16 +260,17 @@ def _leave_marker(loop: Loop) -> None:
     collectives would run again); after an "auto" run kept eager, the eager steps it spent (``route.spend_eager``)."""
     if loop.route is None:
         return
+    auto = loop.options.enabled == "auto"
     if not loop.route.compiled:
-        if isinstance(loop.stepper, steppers.Auto) and loop.stepper.cost is not None:
-            route.spend_eager(loop.stepper.cost, loop.carry.n - loop.start)  # what a later launch weighs
+        if auto and loop.cost is not None:
+            route.spend_eager(loop.cost, loop.carry.n - loop.start)  # what a later launch weighs
         return
-    cost = loop.stepper.cost if isinstance(loop.stepper, steppers.Auto) else None
+    cost = loop.cost if auto else None
     readied = route.kernel_events() > loop.kernel_events  # this run compiled or loaded a kernel
     if cost is None and loop.stepping.reduce is None and readied:
         state = loop.carry.state
         dw = torch.zeros(loop.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
-        _, cost = steppers.counted_step(loop.stepping, state, dw, loop.options)
+        cost = loop.counted_step(dw, next_rate=False)  # the schedule is not asked past the run's end
     if cost is not None:
         route.mark_built(cost)
 

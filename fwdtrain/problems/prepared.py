@@ -25,7 +25,7 @@ import torch
 
 from .. import _compat
 from ..compile import cache
-from ..compile.kernels import FunctionKernel, function_kernel
+from ..compile.kernels import Kernel, function_kernel
 from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core._tree import flatten, unflatten
@@ -45,7 +45,7 @@ Flat = list[torch.Tensor]
 class _Compiled(NamedTuple):
     """A compiled step for one key: the kernel, and its loaded runner on flat leaves (None: call the kernel)."""
 
-    kernel: FunctionKernel
+    kernel: Kernel
     run: Callable[[Flat], Flat] | None
 
 

@@ -1,0 +1,290 @@
+"""A block: K steps of a run as one function, with the learning rate, the checks and the records inside.
+
+Per step k of the block (n = n0 + k + 1 the step count it makes):
+
+    state_n, info_n = advance(state_{n-1}, dW_k, dt, alpha(t_{n-1}))      (a member frozen stays where it is)
+    total_n         = total_{n-1} + cost_n                              (float64)
+    ok_n            = x, x_tilde, theta finite (and |.| <= bound) and alpha(t_n) a finite number >= 0
+    record          observe(state_n, total_n, info_n) when n % every == 0
+
+and the block stops before the first step whose check fails. The same function runs eagerly
+(``graphs.run_block``) or compiled into one kernel (``kernels.block_kernel``): the route changes the
+speed, never what is computed (to rounding). The learning rates enter as a table, alpha(t_k) of the
+block's clocks t_k (``clocks``: rounded as the step's own t + dt), so one kernel serves every learning rate
+and schedule. A gradient hook (a collective between the two halves of a step) makes the body
+``propagate``, the hook, ``update``, each half compiled on its own where the run compiles; its block runs
+eagerly between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import optree
+import torch
+
+from ..compile import graphs, route
+from ..compile.kernels import Kernel, block_kernel, function_kernel
+from ..compile.options import Compile
+from ..core._tree import tree_map
+from ..core.schedules import Schedule
+from ..core.state import State
+from ..core.step import GradientReduce, StepInfo
+from ..optim import Average
+from ..problems.trainable import Trainable
+
+
+class Carry(NamedTuple):
+    """What the loop carries from block to block (assigned in one statement, so Ctrl-C never splits it).
+
+    state: the training state at step n; n: the step count since the start of training;
+    total: float64 sum of the per-step costs since the start of training; info: the last step's StepInfo.
+    """
+
+    state: State
+    n: int
+    total: torch.Tensor
+    info: StepInfo | None
+
+
+class Stepping(NamedTuple):
+    """What every step needs: the problem, dt, the plan, the schedule and the gradient hook (or None)."""
+
+    problem: Trainable
+    dt: float
+    plan: Any
+    schedule: Schedule
+    reduce: GradientReduce | None
+
+
+class Outcome(NamedTuple):
+    """A block's result: the ``carry`` after its good steps (``exact``: False where a failed step left it past
+    them: the caller steps again to the last good one), ``ok`` (False: the step after them failed its check),
+    and the ``records`` of its steps on the record grid (a dict of stacked leaves, or None)."""
+
+    carry: Carry
+    ok: bool
+    exact: bool
+    records: dict[str, Any] | None
+
+
+def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
+    """t_k = t + dt + ... + dt for k < count, rounded as the step's own ``t + dt`` rounds in t's dtype (numpy
+    scalars of that dtype add alike): (count, *t.shape)."""
+    kind = {torch.float64: np.float64, torch.float32: np.float32}.get(t.dtype)
+    if kind is None:  # another dtype: the tensor arithmetic itself
+        rows = [t]
+        for _ in range(count - 1):
+            rows.append(rows[-1] + dt)
+        return torch.stack(rows)
+    clock = t.detach().cpu().numpy().astype(kind).reshape(1, -1)
+    increments = np.concatenate([clock, np.full((count - 1, clock.shape[1]), dt, dtype=kind)])
+    values = np.add.accumulate(increments, axis=0)  # sequential: row k is row k-1 + dt, rounded in ``kind``
+    return torch.from_numpy(values).to(t.device).reshape((count, *t.shape))
+
+
+def rates(schedule: Schedule, t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
+    """alpha(t_k) for the count + 1 clocks of ``count`` steps from t (a schedule that takes one clock at a time is
+    asked once per clock): (count + 1, *t.shape), in the dtype the schedule gives."""
+    times = clocks(t, dt, count + 1)
+    try:
+        alphas = torch.as_tensor(schedule(times))
+        return alphas.broadcast_to(times.shape) if alphas.shape != times.shape else alphas
+    except (RuntimeError, TypeError, ValueError):
+        return torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
+
+
+def good_rate(alpha: torch.Tensor) -> torch.Tensor:
+    """0-d bool: every entry of alpha a finite number >= 0."""
+    return (torch.isfinite(alpha) & (alpha >= 0)).all()
+
+
+def zero_info(state: State) -> StepInfo:
+    """A StepInfo of zeros shaped like every problem's (``Trainable.propagate``): a cost of the clock's shape
+    (0-d, or (E,) per member) and x's dtype, a gradient like theta. The block's carry before a run's first step."""
+    return StepInfo(
+        torch.zeros(state.t.shape, dtype=state.x.dtype, device=state.x.device), tree_map(torch.zeros_like, state.theta)
+    )
+
+
+def signature_key(stepping: Stepping, options: Compile) -> str:
+    """What a compiled kernel of the step depends on besides the counted step's calls and shapes (``route``)."""
+    return f"{float(stepping.dt)!r}|{options.unroll}|{options.route}|{stepping.reduce is not None}"
+
+
+class Block:
+    """The steps of one run as blocks: ``block(carry, dw, start, count, alive) -> Outcome``, eager or compiled.
+
+    ``dw``: a block of drawn increments (at most ``chunk`` rows), of which rows start .. start + count - 1 are
+    stepped; ``alive``: (E,) bool for the members still running (a 0-d True without members); ``every``: the
+    record grid; ``bound``: the check's bound; ``record``: what a record stores of the state.
+    """
+
+    def __init__(
+        self,
+        stepping: Stepping,
+        carry: Carry,
+        *,
+        bound: float | None,
+        record: Callable[[State], Any],
+        members: bool,
+        chunk: int,
+        every: int,
+        options: Compile,
+        compiled: bool,
+    ) -> None:
+        s, state = stepping, carry.state
+        self.stepping, self.chunk, self.every, self.compiled = stepping, chunk, every, compiled
+        template = (state, torch.zeros(state.t.shape, dtype=torch.float64, device=state.x.device), zero_info(state))
+        carry_leaves, spec = optree.tree_flatten(template)  # type: ignore[arg-type]
+        size = len(carry_leaves)
+        advance = self._advance(options if compiled else None, template)
+
+        def tree_body(carry: tuple, dw: Any, alpha: Any, alpha_next: Any, alive: Any) -> tuple[tuple, torch.Tensor]:
+            current, total, _ = carry
+            new, info = advance(current, dw, alpha)
+            if members:  # a frozen member keeps its state and total
+                new = s.problem.freeze(current, new, alive)
+                total = torch.where(alive, total + info.cost, total)
+                ok = (s.problem.within(new, bound) | ~alive).all()
+            else:
+                total = total + info.cost
+                ok = s.problem.within(new, bound).all()
+            return (new, total, info), ok & good_rate(alpha_next)
+
+        def flat_body(fn: Callable[..., tuple[tuple, torch.Tensor]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+            def body(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                carry, ok = fn(optree.tree_unflatten(spec, list(flat[:size])), *flat[size:])
+                return (*optree.tree_leaves(carry), ok)  # type: ignore[arg-type]
+
+            return body
+
+        body = flat_body(tree_body)
+
+        def observe(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            seen = _observed(s.problem, optree.tree_unflatten(spec, list(flat)), record)
+            return tuple(optree.tree_leaves(seen))  # type: ignore[arg-type]
+
+        self.body, self.observe, self.spec, self.size = body, observe, spec, size
+        example = observe(*carry_leaves)
+        self.seen_spec = optree.tree_structure(_observed(s.problem, template, record))  # type: ignore[arg-type]
+        self.seen = graphs.Packing.of(example)
+        self.capacity = chunk // every + 2
+        self.kernel: Kernel | None = None
+        if compiled and s.reduce is None:
+            alive = torch.ones(state.t.shape if members else (), dtype=torch.bool, device=state.x.device)
+            blocks = self._blocks(torch.zeros((chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype), 0, 0,
+                                  rates(s.schedule, state.t, s.dt, 0))
+            scalars = [torch.tensor(v, dtype=torch.int64) for v in (chunk, 0, 0, every)]
+            self.kernel = block_kernel(
+                body,
+                observe,
+                self.capacity,
+                (*scalars, alive, blocks, tuple(carry_leaves)),
+                key=(s.problem, s.plan, s.dt, bound, _by_value(record), members, every),
+                options=options,
+                part=tree_body,
+                wrap=flat_body,
+            )
+
+    @property
+    def route(self) -> str:
+        """"eager", or the compiled route: "aot" (AOTInductor) or "dynamo" (``torch.compile``)."""
+        if not self.compiled:
+            return "eager"
+        return self.kernel.route if self.kernel is not None else self.stepping_route
+
+    def _advance(self, options: Compile | None, template: tuple) -> Callable[..., tuple[State, StepInfo]]:
+        """The step: ``advance``; with a gradient hook its two halves around the hook, compiled apart when
+        ``options`` are given (the hook's collective cannot be in a kernel)."""
+        s = self.stepping
+        self.stepping_route = "eager"
+        if s.reduce is None:
+            return lambda state, dw, alpha: s.problem.advance(state, dw, s.dt, alpha, s.plan)
+        reduce = s.reduce
+        propagate: Callable[..., Any] = lambda st, d: s.problem.propagate(st, d, s.dt, s.plan)
+        update: Callable[..., Any] = lambda m, g, a: s.problem.update(m, g, a, s.dt)
+        if options is not None:
+            state = template[0]
+            alpha = torch.as_tensor(s.schedule(state.t))
+            dw = torch.zeros(s.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
+            key = (s.problem, s.plan, s.dt)
+            propagate = function_kernel(propagate, (state, dw), key=(*key, "propagate"), options=options,
+                                        what="the step's first half")
+            update = function_kernel(update, (state, template[2].gradient, alpha), key=(*key, "update"),
+                                     options=options, what="the parameter update")
+            self.stepping_route = propagate.route
+
+        def advance(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
+            moved, info = propagate(state, dw)
+            gradient = reduce(info.gradient)
+            return update(moved, gradient, alpha), StepInfo(info.cost, gradient)
+
+        return advance
+
+    def _blocks(self, dw: torch.Tensor, start: int, count: int, alphas: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(dw, alpha, alpha_next) of ``chunk`` rows each: rows start .. start + count - 1 those of the steps."""
+        if dw.shape[0] != self.chunk:
+            dw = torch.cat([dw, dw.new_zeros((self.chunk - dw.shape[0], *dw.shape[1:]))])
+        table = alphas.new_zeros((self.chunk + 1, *alphas.shape[1:]))
+        table[start : start + count + 1] = alphas
+        return dw, table[:-1], table[1:]
+
+    def counted_step(
+        self, carry: Carry, dw: torch.Tensor, alive: torch.Tensor, key: str, next_rate: bool = True
+    ) -> tuple[Any, Any]:
+        """One step of ``body`` from ``carry`` with the increments ``dw`` (one row), counted (``route.count_step``):
+        ((the carry after it, ok), its ``route.StepCost``). ``next_rate`` False: the schedule is not asked at the
+        step's end (a step past the run's last, taken for its count only), its check then uses alpha(t)."""
+        s = self.stepping
+        alphas = rates(s.schedule, carry.state.t, s.dt, 1 if next_rate else 0)
+        alphas = alphas if next_rate else alphas.expand((2, *alphas.shape[1:]))
+        flat = self._flat(carry)
+        (*out, ok), cost = route.count_step(lambda: self.body(*flat, dw, alphas[0], alphas[1], alive), key=key)
+        state, total, info = optree.tree_unflatten(self.spec, out)
+        return (Carry(state, carry.n + 1, total, info), bool(ok)), cost
+
+    def _flat(self, carry: Carry) -> list[torch.Tensor]:
+        info = carry.info if carry.info is not None else zero_info(carry.state)
+        return optree.tree_leaves((carry.state, carry.total, info))  # type: ignore[arg-type]
+
+    def __call__(self, carry: Carry, dw: torch.Tensor, start: int, count: int, alive: torch.Tensor) -> Outcome:
+        s = self.stepping
+        blocks = self._blocks(dw, start, count, rates(s.schedule, carry.state.t, s.dt, count))
+        flat = tuple(self._flat(carry))
+        if self.kernel is not None:
+            k = self.kernel
+            out = k(k.scalar("count", count), k.scalar("start", start), torch.tensor(carry.n, dtype=torch.int64),
+                    k.scalar("every", self.every), alive, blocks, flat)
+        else:
+            out = graphs.run_block(self.body, self.observe, self.capacity, count, start, carry.n, self.every, blocks,
+                                   alive, flat)
+        done, rows, ok = int(out.done), int(out.rows), bool(out.ok)
+        state, total, info = optree.tree_unflatten(self.spec, list(out.carry))
+        records = None
+        if rows:
+            own = torch.contiguous_format  # its own memory, strides of its own shape (a size-1 axis too)
+            leaves = [leaf[:rows].clone(memory_format=own) for leaf in self.seen.unpack(tuple(out.tables))]
+            records = optree.tree_unflatten(self.seen_spec, leaves)
+        return Outcome(Carry(state, carry.n + done, total, info), ok, self.kernel is None, records)
+
+
+def _by_value(fn: Callable[..., Any]) -> Any:
+    """``fn`` as a key: a bound method as (its function, its object), equal for equal objects (a bound method
+    compares its object by identity, and each ``run`` binds a problem's ``record`` anew)."""
+    return (fn.__func__, fn.__self__) if hasattr(fn, "__self__") and hasattr(fn, "__func__") else fn
+
+
+def _observed(problem: Trainable, carry: tuple, record: Callable[[State], Any]) -> dict[str, Any]:
+    """What a record reads of the block's carry (state, cost total, StepInfo): the clock, the total, the gradient's
+    norm, the record and, when the state carries one, the average of theta."""
+    state, total, info = carry
+    seen = {"t": state.t, "total": total, "grad_norm": problem.gradient_norm(info.gradient), "record": record(state)}
+    if isinstance(state.average, Average):
+        seen["theta_average"] = state.average.mean
+    return seen
+
+
+__all__ = ["Block", "Carry", "Outcome", "Stepping", "clocks", "good_rate", "rates", "signature_key", "zero_info"]
