@@ -112,7 +112,7 @@ def test_a_learning_rate_that_turns_infinite_mid_block_raises_at_the_step_that_r
 
     counted = calls(monkeypatch)
     fast = error(COMPILED)
-    assert counted["kernel"] == 2  # the block, then again up to step 79
+    assert counted["kernel"] == 1  # the rates are known before the block: it stops before step 80
     slow = error(False)
     assert fast.step == slow.step == 80 and str(fast) == str(slow)  # alpha(t_80) is inf: state 79 kept
     assert fast.last_finite_step == 79 and fast.history.steps == 79
@@ -153,28 +153,29 @@ def test_auto_steps_its_blocks_compiled_from_the_step_after_its_counted_one(monk
 
 def test_the_block_loop_module_run_eagerly_is_run_block():
     """``graphs.BlockLoop`` (what AOTInductor compiles), run eagerly with plain functions, gives ``run_block``: the
-    good steps, the records on the grid, the stop at the first failed check."""
+    steps to the last passed check, the records on the grid, the carry there."""
 
-    def body(x, total, dw, limit, alive):
+    def body(x, total, dw, alive):
         new = x + dw
-        return new, total + new.sum(), (new.abs().amax() < limit) & alive
+        return new, total + new.sum()
+
+    def check(x, total, alive):
+        return (x.abs().amax() < 6.5) & alive
 
     def observe(x, total):
         return x.sum(), total
 
     x, total = torch.zeros(3, dtype=torch.float64), torch.zeros((), dtype=torch.float64)
     dw = torch.ones(16, 3, dtype=torch.float64)
-    for limit in (100.0, 6.5):
-        limits = torch.full((16,), limit, dtype=torch.float64)
-        args = (torch.tensor(9), torch.tensor(2), torch.tensor(5), torch.tensor(3), torch.tensor(True))
-        module = graphs.BlockLoop(body, observe, 2, capacity=5)
-        flat = module(*args, dw, limits, x, total)
-        want = graphs.run_block(body, observe, 5, 9, 2, 5, 3, (dw, limits), torch.tensor(True), (x, total))
+    for check_every in (4, 2):
+        grids = graphs.Grids(9, 2, 5, 3, check_every)  # steps 6 .. 14 from n0 = 5, records at 6, 9, 12
+        module = graphs.BlockLoop(body, check, observe, 1, capacity=5)
+        flat = module(*(torch.tensor(v) for v in grids), torch.tensor(True), dw, x, total)
+        want = graphs.run_block(body, check, observe, 5, grids, (dw,), torch.tensor(True), (x, total))
         assert int(flat[0]) == int(want.done) and bool(flat[1]) == bool(want.ok) and int(flat[2]) == int(want.rows)
-        rows = int(want.rows)
+        rows = int(want.rows) + 1  # the row after the last kept one is written too (the failed stage's)
         for got, expected in zip(flat[5:], want.tables, strict=True):
             assert torch.equal(got[:rows], expected[:rows])
-        if bool(want.ok):
-            assert all(torch.equal(a, b) for a, b in zip(flat[3:5], want.carry, strict=True))
-    # steps 6 .. 14 from n0 = 5, records at 6, 9, 12 (every 3); the limit 6.5 fails at the 7th step (x = 7)
-    assert (int(want.done), bool(want.ok), int(want.rows)) == (6, False, 2)
+        # x = 7 (step 12) fails; stages end at the checks (every 4: 8, 12; every 2: 6, 8, 10, 12) and records (9)
+        assert (int(want.done), bool(want.ok), int(want.rows)) == ((4, False, 2) if check_every == 4 else (5, False, 2))
+        assert torch.equal(want.carry[0], torch.full((3,), float(want.done), dtype=torch.float64))

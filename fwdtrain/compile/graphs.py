@@ -112,14 +112,17 @@ class Packing(NamedTuple):
         return tuple(torch.cat(group) for group in groups)
 
     def unpack(self, buffers: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        return tuple(buffers[b][..., offset : offset + n].reshape((*buffers[b].shape[:-1], *shape))
-                     for b, offset, n, shape in self.places)
+        return tuple(
+            buffers[b][..., offset : offset + n].reshape((*buffers[b].shape[:-1], *shape))
+            for b, offset, n, shape in self.places
+        )
 
 
 class BlockOut(NamedTuple):
-    """What a block returns: ``done`` good steps taken, ``ok`` (False: the step after them failed its check),
-    ``rows`` records taken, the ``carry`` after the steps (junk past a failed one) and the records' ``tables``
-    (one (capacity, size) table per dtype of the observation's leaves, ``Packing``; rows past ``rows`` unused)."""
+    """What a block returns: ``done`` steps known good (to the last passed check), ``ok`` (False: the check after
+    them failed), ``rows`` records taken, the ``carry`` (after ``done`` steps eagerly; compiled, junk where a
+    check failed) and the records' ``tables`` (one (capacity, size) table per dtype of the observation's leaves,
+    ``Packing``; rows past ``rows`` unused)."""
 
     done: torch.Tensor
     ok: torch.Tensor
@@ -128,90 +131,132 @@ class BlockOut(NamedTuple):
     tables: tuple[torch.Tensor, ...]
 
 
+class Grids(NamedTuple):
+    """A block's position and its two grids: ``count`` steps from row ``start`` of the inputs, the run's step
+    count ``n0`` at its start, a record every ``every`` steps and a check every ``check_every`` steps (of the
+    run's count), and at the block's end."""
+
+    count: Any
+    start: Any
+    n0: Any
+    every: Any
+    check_every: Any
+
+    def stop(self, i: Any) -> Any:
+        """The end of the stage from step i: the next record, the next check, or the block's end."""
+        n = self.n0 + i
+        if isinstance(n, torch.Tensor):
+            return torch.minimum(
+                self.count, torch.minimum(i + self.every - n % self.every, i + self.check_every - n % self.check_every)
+            )
+        return min(self.count, i + self.every - n % self.every, i + self.check_every - n % self.check_every)
+
+
 def run_block(
-    body: Callable[..., tuple], observe: Callable[..., tuple], capacity: int, count: int, start: int, n0: int,
-    every: int, blocks: tuple[torch.Tensor, ...], alive: torch.Tensor, carry: tuple[torch.Tensor, ...],
+    body: Callable[..., tuple],
+    check: Callable[..., torch.Tensor],
+    observe: Callable[..., tuple],
+    capacity: int,
+    grids: Grids,
+    blocks: tuple[torch.Tensor, ...],
+    alive: torch.Tensor,
+    carry: tuple[torch.Tensor, ...],
 ) -> BlockOut:
-    """A block's meaning, and its eager route: up to ``count`` steps ``carry, ok = body(*carry, *blocks[start + i],
-    alive)``, stopping at the first step whose ``ok`` is False (not counted); after each step n = n0 + i with
-    n % every == 0, ``observe(*carry)`` packed into the next row of the tables."""
+    """A block's meaning, and its eager route: stage by stage (``Grids.stop``), the steps ``carry = body(*carry,
+    *blocks[start + i], alive)``, then ``check(*carry, alive)``; at a failed check the block stops, the carry of
+    the last passed one kept; after a stage that ends on the record grid, ``observe(*carry)`` packed into the
+    next row of the tables."""
     seen = Packing.of(tuple(observe(*carry)))
     tables = [torch.zeros((capacity, size), dtype=dtype) for dtype, size in zip(seen.dtypes, seen.sizes(), strict=True)]
-    done, rows, ok = 0, 0, True
-    while done < count:
-        *new, good = body(*carry, *[block[start + done] for block in blocks], alive)
-        if not bool(good):
+    done, rows, ok, moved = 0, 0, True, carry
+    while done < grids.count:
+        stop = grids.stop(done)
+        moved = carry
+        for i in range(done, stop):
+            moved = body(*moved, *[block[grids.start + i] for block in blocks], alive)
+        if not bool(check(*moved, alive)):
             ok = False
             break
-        carry, done = tuple(new), done + 1
-        if (n0 + done) % every == 0:
-            for table, row in zip(tables, seen.pack(tuple(observe(*carry))), strict=True):
-                table[rows] = row
-            rows += 1
-    if count and not (ok and (n0 + done) % every == 0):  # the module's last stage writes its row, unrecorded
+        carry, done = tuple(moved), stop
         for table, row in zip(tables, seen.pack(tuple(observe(*carry))), strict=True):
+            table[rows] = row  # written at every stage's end, kept on the record grid (as the module does)
+        rows += (grids.n0 + done) % grids.every == 0
+    if not ok:  # the module's failed stage writes its row too, unkept
+        for table, row in zip(tables, seen.pack(tuple(observe(*moved))), strict=True):
             table[rows] = row
     scalar = lambda value: torch.tensor(value, dtype=torch.int64)
     return BlockOut(scalar(done), torch.tensor(ok), scalar(rows), tuple(carry), tuple(tables))
 
 
 class BlockLoop(torch.nn.Module):
-    """``run_block`` as one module for AOTInductor: ``forward(count, start, n0, every, alive, *block_leaves,
-    *carry_leaves) -> (done, ok, rows, *carry_leaves, *tables)``, with ``body`` and ``observe`` traced graphs.
+    """``run_block`` as one module for AOTInductor: ``forward(count, start, n0, every, check_every, alive,
+    *block_leaves, *carry_leaves) -> (done, ok, rows, *carry_leaves, *tables)``, with ``body``, ``check`` and
+    ``observe`` traced graphs.
 
-    Two ``while_loop``s: the outer one from record to record (the next multiple of ``every``, or ``count``), the
-    inner one over steps while their checks pass (``unroll`` K > 1: K steps per iteration, then one at a time);
-    the loops run in the compiled C++ wrapper, with no Python between steps. The carry is packed per dtype.
+    Two ``while_loop``s: the outer one from stage to stage (``Grids.stop``: a record, a check, the block's end),
+    the inner one over the steps of a stage (``unroll`` K > 1: K steps per iteration, then one at a time); the
+    loops run in the compiled C++ wrapper, with no Python between steps. The carry is packed per dtype.
     """
 
-    def __init__(self, body: Any, observe: Any, inputs: int, capacity: int, unroll: int = 1) -> None:
+    def __init__(self, body: Any, check: Any, observe: Any, inputs: int, capacity: int, unroll: int = 1) -> None:
         super().__init__()
-        self.body, self.observe, self.inputs, self.capacity, self.unroll = body, observe, inputs, capacity, unroll
+        self.body, self.check, self.observe = body, check, observe
+        self.inputs, self.capacity, self.unroll = inputs, capacity, unroll
 
-    def _steps(self, k: int, blocks: tuple, start: torch.Tensor, alive: torch.Tensor, i: torch.Tensor,
-               ok: torch.Tensor, state: tuple) -> tuple:
-        """``k`` steps from row ``start + i``; ``i`` counts the good ones only. A leaf the body passes through is
-        copied, as ``while_loop`` refuses a body output that aliases its input."""
-        for _ in range(k):
-            index = (start + i).reshape(1)
-            *out, good = self.body(*state, *[block.index_select(0, index).squeeze(0) for block in blocks], alive)
-            ok = ok & good
-            i = i + ok.to(i.dtype)
+    def _steps(
+        self, k: int, blocks: tuple, start: torch.Tensor, alive: torch.Tensor, i: torch.Tensor, state: tuple
+    ) -> tuple:
+        """``k`` steps from row ``start + i``. A leaf the body passes through is copied, as ``while_loop`` refuses
+        a body output that aliases its input."""
+        for j in range(k):
+            index = (start + i + j).reshape(1)
+            out = self.body(*state, *[block.index_select(0, index).squeeze(0) for block in blocks], alive)
             state = tuple(leaf.clone() if any(leaf is s for s in state) else leaf for leaf in out)
-        return i, ok, state
+        return state
 
-    def forward(self, count: torch.Tensor, start: torch.Tensor, n0: torch.Tensor, every: torch.Tensor,
-                alive: torch.Tensor, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self,
+        count: torch.Tensor,
+        start: torch.Tensor,
+        n0: torch.Tensor,
+        every: torch.Tensor,
+        check_every: torch.Tensor,
+        alive: torch.Tensor,
+        *leaves: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         from torch._higher_order_ops.while_loop import while_loop
 
+        grids = Grids(count, start, n0, every, check_every)
         blocks, carry = leaves[: self.inputs], leaves[self.inputs :]
         packing, seen = Packing.of(carry), Packing.of(tuple(self.observe(*carry)))
         width = len(packing.dtypes)
 
         def steps(k: int, stop: torch.Tensor) -> tuple[Callable[..., Any], Callable[..., tuple]]:
-            def more(i: torch.Tensor, ok: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
-                return (i + k <= stop) & ok
+            def more(i: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+                return i + k <= stop
 
-            def advance(i: torch.Tensor, ok: torch.Tensor, *buffers: torch.Tensor) -> tuple:
-                i, ok, state = self._steps(k, blocks, start, alive, i, ok, packing.unpack(buffers))
-                return (i, ok, *packing.pack(state))
+            def advance(i: torch.Tensor, *buffers: torch.Tensor) -> tuple:
+                return (i + k, *packing.pack(self._steps(k, blocks, start, alive, i, packing.unpack(buffers))))
 
             return more, advance
 
         def stage(j: torch.Tensor, i: torch.Tensor, ok: torch.Tensor, *buffers: torch.Tensor) -> tuple:
-            stop = torch.minimum(count, i + every - (n0 + i) % every)  # the next record, or the block's end
-            out: tuple = (i.clone(), ok.clone(), *[b.clone() for b in buffers[:width]])
+            stop = grids.stop(i)
+            out: tuple = (i.clone(), *[b.clone() for b in buffers[:width]])
             if self.unroll > 1:
                 out = while_loop(*steps(self.unroll, stop), out)
             out = while_loop(*steps(1, stop), tuple(out))
-            i, ok, state = out[0], out[1], tuple(out[2:])
-            row = seen.pack(tuple(self.observe(*packing.unpack(state))))
+            state = tuple(out[1:])
+            unpacked = packing.unpack(state)
+            ok = self.check(*unpacked, alive)
+            ok = ok[0] if isinstance(ok, (list, tuple)) else ok  # a traced graph returns its one output in a list
+            row = seen.pack(tuple(self.observe(*unpacked)))
             tables = tuple(
                 table.index_copy(0, j.reshape(1), value.reshape(1, -1))
                 for table, value in zip(buffers[width:], row, strict=True)
             )
-            recorded = ok & ((n0 + i) % every == 0)
-            return (j + recorded.to(j.dtype), i.clone(), ok.clone(), *state, *tables)
+            recorded = ok & ((n0 + stop) % every == 0)
+            return (j + recorded.to(j.dtype), torch.where(ok, stop, i), ok.clone(), *state, *tables)
 
         zero = torch.zeros((), dtype=torch.int64, device=count.device)
         tables = tuple(
@@ -223,8 +268,13 @@ class BlockLoop(torch.nn.Module):
             lambda j, i, ok, *_: (i < count) & ok, stage, (zero, zero.clone(), ok, *packing.pack(carry), *tables)
         )
         j, i, ok, state, tables = out[0], out[1], out[2], out[3 : 3 + width], out[3 + width :]
-        return (i.clone(), ok.clone(), j.clone(), *[leaf.clone() for leaf in packing.unpack(tuple(state))],
-                *[table.clone() for table in tables])
+        return (
+            i.clone(),
+            ok.clone(),
+            j.clone(),
+            *[leaf.clone() for leaf in packing.unpack(tuple(state))],
+            *[table.clone() for table in tables],
+        )
 
 
 def loop_code() -> str:
@@ -383,6 +433,7 @@ def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
 __all__ = [
     "BlockLoop",
     "BlockOut",
+    "Grids",
     "Packing",
     "Traced",
     "loop_code",

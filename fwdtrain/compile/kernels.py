@@ -390,59 +390,61 @@ class _DynamoOrEager:
 
 def block_kernel(
     body: Callable[..., tuple],
+    check: Callable[..., torch.Tensor],
     observe: Callable[..., tuple],
     capacity: int,
     args: tuple,
     *,
     key: Hashable,
     options: Compile,
-    what: str = "the step",
     part: Callable[..., Any] | None = None,
     wrap: Callable[[Callable[..., Any]], Callable[..., tuple]] = lambda fn: fn,
 ) -> Kernel:
-    """``graphs.run_block`` of the flat ``body`` and ``observe`` (records for up to ``capacity`` rows) compiled
-    for arguments shaped like ``args`` = (count, start, n0, every, alive, blocks, carry), built once per process
-    (``key``: what the body depends on besides its inputs: the problem, dt, plan, bound, record). The
-    ``"dynamo"`` route compiles ``part`` (default ``body``), and steps with ``wrap(compiled part)`` as the body."""
+    """``graphs.run_block`` of the flat ``body``, ``check`` and ``observe`` (records for up to ``capacity`` rows)
+    compiled for arguments shaped like ``args`` = (*grids, alive, blocks, carry) (``graphs.Grids``: five 0-d int64
+    tensors), built once per process (``key``: what the body depends on besides its inputs: the problem, dt, plan,
+    bound, record). The ``"dynamo"`` route compiles ``part`` (default ``body``) and steps with ``wrap(compiled)``."""
     _compat.use_cache_folders(cache.cache_dir())
 
-    def meaning(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
-        return graphs.run_block(body, observe, capacity, int(count), int(start), int(n0), int(every), blocks, alive,
-                                carry)
+    def meaning(*args: Any, step: Callable[..., tuple] = body) -> Any:
+        *grids, alive, blocks, carry = args
+        return graphs.run_block(step, check, observe, capacity, graphs.Grids(*map(int, grids)), blocks, alive, carry)
 
-    def trace(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
+    def trace(*args: Any) -> tuple[_Package, Any]:
+        *grids, alive, blocks, carry = args
         one_step = tuple(block[0] for block in blocks)
-        step = _simplified(graphs.trace(body, (*carry, *one_step, alive)), unfold=True)
-        seen = _simplified(graphs.trace(observe, carry), unfold=True)
-        example = _leaves((count, start, n0, every, alive, blocks, carry))
-        example = [leaf.clone() for leaf in example]  # one object per input: export would alias shared ones
+        traced = [
+            _simplified(graphs.trace(body, (*carry, *one_step, alive)), unfold=True),
+            _simplified(graphs.trace(check, (*carry, alive)), unfold=True),
+            _simplified(graphs.trace(observe, carry), unfold=True),
+        ]
+        example = [leaf.clone() for leaf in _leaves(args)]  # one object per input: export would alias shared ones
         values = inductor_options(carry)
-        unroll = options.unroll
         kernel_key = cache.kernel_key(
-            step.graph.code + seen.graph.code,
-            step.constants() + seen.constants(),
+            "".join(t.graph.code for t in traced),
+            [c for t in traced for c in t.constants()],
             example,
             values,
-            f"block-{capacity}-unroll-{unroll}-{graphs.loop_code()}",
+            f"block-{capacity}-unroll-{options.unroll}-{graphs.loop_code()}",
         )
-        module = graphs.BlockLoop(step.graph, seen.graph, len(blocks), capacity, unroll)
-        tables = graphs.Packing.of(tuple(observe(*carry))).sizes()
-        spec = optree.tree_structure(graphs.BlockOut(count, count, count, carry, tuple(tables)))  # type: ignore[arg-type]
-        return _Package(module, example, kernel_key, values, step.nodes + seen.nodes), spec
+        step, check_graph, seen = (t.graph for t in traced)
+        module = graphs.BlockLoop(step, check_graph, seen, len(blocks), capacity, options.unroll)
+        tables = tuple(graphs.Packing.of(tuple(observe(*carry))).sizes())
+        count = grids[0]
+        spec = optree.tree_structure(graphs.BlockOut(count, count, count, carry, tables))  # type: ignore[arg-type]
+        return _Package(module, example, kernel_key, values, sum(t.nodes for t in traced)), spec
 
     def dynamo(compiled_body: Callable[..., tuple]) -> Callable[..., Any]:
-        def run(count: Any, start: Any, n0: Any, every: Any, alive: Any, blocks: tuple, carry: tuple) -> Any:
-            return graphs.run_block(wrap(compiled_body), observe, capacity, int(count), int(start), int(n0), int(every),
-                                    blocks, alive, carry)
-
-        return run
+        return lambda *args: meaning(*args, step=wrap(compiled_body))
 
     def probe(args: tuple) -> tuple:
         count, *rest = args
         return (torch.ones_like(count), *rest)
 
     signature = ("block", key, capacity, options, _signature(args))
-    return cache.kernel(signature, lambda: Kernel(meaning, args, trace, part or body, dynamo, options, what, probe))
+    return cache.kernel(
+        signature, lambda: Kernel(meaning, args, trace, part or body, dynamo, options, "the step", probe)
+    )
 
 
 def function_kernel(

@@ -1,19 +1,24 @@
-"""A block: K steps of a run as one function, with the learning rate, the checks and the records inside.
+"""A block: K steps of a run as one function, with the learning rates, the checks and the records inside.
 
 Per step k of the block (n = n0 + k + 1 the step count it makes):
 
     state_n, info_n = advance(state_{n-1}, dW_k, dt, alpha(t_{n-1}))      (a member frozen stays where it is)
     total_n         = total_{n-1} + cost_n                              (float64)
-    ok_n            = x, x_tilde, theta finite (and |.| <= bound) and alpha(t_n) a finite number >= 0
-    record          observe(state_n, total_n, info_n) when n % every == 0
 
-and the block stops before the first step whose check fails. The same function runs eagerly
-(``graphs.run_block``) or compiled into one kernel (``kernels.block_kernel``): the route changes the
-speed, never what is computed (to rounding). The learning rates enter as a table, alpha(t_k) of the
-block's clocks t_k (``clocks``: rounded as the step's own t + dt), so one kernel serves every learning rate
-and schedule. A gradient hook (a collective between the two halves of a step) makes the body
-``propagate``, the hook, ``update``, each half compiled on its own where the run compiles; its block runs
-eagerly between them.
+and at the end of each stage (the next step on the ``Checks`` grid or the ``SaveAt`` grid, or the block's
+end) the check, x, x_tilde and theta finite (and |.| <= bound), and, on the record grid, the record
+``observe(state_n, total_n, info_n)``. A failed check ends the block: the loop keeps the carry of the last
+passed check and steps from it one step at a time, checking each, to the step that failed
+(``Block.step_eagerly``), so an error names its step and keeps the state before it, as if every step were
+checked, at the cost of a few reductions per stage. The learning rates enter as a table, alpha(t_k) of the
+block's clocks t_k (``clocks``: rounded as the step's own t + dt), checked before the block runs (a block
+stops before the first step whose state's rate is not a finite number >= 0); so one kernel serves every
+learning rate and schedule.
+
+The same function runs eagerly (``graphs.run_block``) or compiled into one kernel
+(``kernels.block_kernel``): the route changes the speed, never what is computed (to rounding). A gradient
+hook (a collective between the two halves of a step) makes the step ``propagate``, the hook, ``update``,
+each half compiled on its own where the run compiles; its block runs eagerly between them.
 """
 
 from __future__ import annotations
@@ -60,14 +65,17 @@ class Stepping(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """A block's result: the ``carry`` after its good steps (``exact``: False where a failed step left it past
-    them: the caller steps again to the last good one), ``ok`` (False: the step after them failed its check),
-    and the ``records`` of its steps on the record grid (a dict of stacked leaves, or None)."""
+    """A block's result: the ``carry`` after the steps known good, to its last passed check (``exact``: False
+    where a failed check left the carry past them: the caller steps again to them), ``ok`` (False: a check after
+    them failed, at one of the following steps), the ``records`` of its steps on the record grid (a dict of
+    stacked leaves, or None), and ``bad_rate``: the step whose state's learning rate is not a finite number
+    >= 0, where the block stopped before it (None: none)."""
 
     carry: Carry
     ok: bool
     exact: bool
     records: dict[str, Any] | None
+    bad_rate: int | None = None
 
 
 def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
@@ -132,57 +140,58 @@ class Block:
         members: bool,
         chunk: int,
         every: int,
+        check_every: int,
         options: Compile,
         compiled: bool,
     ) -> None:
         s, state = stepping, carry.state
-        self.stepping, self.chunk, self.every, self.compiled = stepping, chunk, every, compiled
+        self.stepping, self.chunk, self.compiled, self.options = stepping, chunk, compiled, options
+        self.every, self.check_every = every, check_every
         template = (state, torch.zeros(state.t.shape, dtype=torch.float64, device=state.x.device), zero_info(state))
-        carry_leaves, spec = optree.tree_flatten(template)  # type: ignore[arg-type]
-        size = len(carry_leaves)
+        carry_leaves, spec = optree.tree_flatten(template)  # type: ignore[arg-type,var-annotated]
+        size = self.size = len(carry_leaves)
         advance = self._advance(options if compiled else None, template)
 
-        def tree_body(carry: tuple, dw: Any, alpha: Any, alpha_next: Any, alive: Any) -> tuple[tuple, torch.Tensor]:
+        def tree_body(carry: tuple, dw: Any, alpha: Any, alive: Any) -> tuple:
             current, total, _ = carry
             new, info = advance(current, dw, alpha)
             if members:  # a frozen member keeps its state and total
-                new = s.problem.freeze(current, new, alive)
-                total = torch.where(alive, total + info.cost, total)
-                ok = (s.problem.within(new, bound) | ~alive).all()
-            else:
-                total = total + info.cost
-                ok = s.problem.within(new, bound).all()
-            return (new, total, info), ok & good_rate(alpha_next)
+                return s.problem.freeze(current, new, alive), torch.where(alive, total + info.cost, total), info
+            return new, total + info.cost, info
 
-        def flat_body(fn: Callable[..., tuple[tuple, torch.Tensor]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+        def flat_body(fn: Callable[..., tuple]) -> Callable[..., tuple[torch.Tensor, ...]]:
             def body(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                carry, ok = fn(optree.tree_unflatten(spec, list(flat[:size])), *flat[size:])
-                return (*optree.tree_leaves(carry), ok)  # type: ignore[arg-type]
+                out = fn(optree.tree_unflatten(spec, list(flat[:size])), *flat[size:])
+                return tuple(optree.tree_leaves(out))  # type: ignore[arg-type]
 
             return body
 
-        body = flat_body(tree_body)
+        def check(*flat: torch.Tensor) -> torch.Tensor:
+            """0-d bool: x, x_tilde and theta finite (and within the bound) for every member still running."""
+            state: Any = optree.tree_unflatten(spec, list(flat[:size]))[0]
+            flags = s.problem.within(state, bound)
+            return (flags | ~flat[size]).all() if members else flags.all()
 
         def observe(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            seen = _observed(s.problem, optree.tree_unflatten(spec, list(flat)), record)
+            seen = _observed(s.problem, optree.tree_unflatten(spec, list(flat)), record)  # type: ignore[arg-type]
             return tuple(optree.tree_leaves(seen))  # type: ignore[arg-type]
 
-        self.body, self.observe, self.spec, self.size = body, observe, spec, size
-        example = observe(*carry_leaves)
+        self.body, self.check, self.observe, self.spec = flat_body(tree_body), check, observe, spec
         self.seen_spec = optree.tree_structure(_observed(s.problem, template, record))  # type: ignore[arg-type]
-        self.seen = graphs.Packing.of(example)
+        self.seen = graphs.Packing.of(observe(*carry_leaves))
         self.capacity = chunk // every + 2
         self.kernel: Kernel | None = None
         if compiled and s.reduce is None:
             alive = torch.ones(state.t.shape if members else (), dtype=torch.bool, device=state.x.device)
-            blocks = self._blocks(torch.zeros((chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype), 0, 0,
-                                  rates(s.schedule, state.t, s.dt, 0))
-            scalars = [torch.tensor(v, dtype=torch.int64) for v in (chunk, 0, 0, every)]
+            dw = torch.zeros((chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
+            blocks = self._blocks(dw, 0, 0, rates(s.schedule, state.t, s.dt, 0))
+            grids = [torch.tensor(v, dtype=torch.int64) for v in (chunk, 0, 0, every, check_every)]
             self.kernel = block_kernel(
-                body,
+                self.body,
+                check,
                 observe,
                 self.capacity,
-                (*scalars, alive, blocks, tuple(carry_leaves)),
+                (*grids, alive, blocks, tuple(carry_leaves)),
                 key=(s.problem, s.plan, s.dt, bound, _by_value(record), members, every),
                 options=options,
                 part=tree_body,
@@ -191,7 +200,7 @@ class Block:
 
     @property
     def route(self) -> str:
-        """"eager", or the compiled route: "aot" (AOTInductor) or "dynamo" (``torch.compile``)."""
+        """ "eager", or the compiled route: "aot" (AOTInductor) or "dynamo" (``torch.compile``)."""
         if not self.compiled:
             return "eager"
         return self.kernel.route if self.kernel is not None else self.stepping_route
@@ -211,10 +220,16 @@ class Block:
             alpha = torch.as_tensor(s.schedule(state.t))
             dw = torch.zeros(s.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
             key = (s.problem, s.plan, s.dt)
-            propagate = function_kernel(propagate, (state, dw), key=(*key, "propagate"), options=options,
-                                        what="the step's first half")
-            update = function_kernel(update, (state, template[2].gradient, alpha), key=(*key, "update"),
-                                     options=options, what="the parameter update")
+            propagate = function_kernel(
+                propagate, (state, dw), key=(*key, "propagate"), options=options, what="the step's first half"
+            )
+            update = function_kernel(
+                update,
+                (state, template[2].gradient, alpha),
+                key=(*key, "update"),
+                options=options,
+                what="the parameter update",
+            )
             self.stepping_route = propagate.route
 
         def advance(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
@@ -225,26 +240,26 @@ class Block:
         return advance
 
     def _blocks(self, dw: torch.Tensor, start: int, count: int, alphas: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(dw, alpha, alpha_next) of ``chunk`` rows each: rows start .. start + count - 1 those of the steps."""
+        """(dw, alpha) of ``chunk`` rows each: rows start .. start + count - 1 those of the steps."""
         if dw.shape[0] != self.chunk:
             dw = torch.cat([dw, dw.new_zeros((self.chunk - dw.shape[0], *dw.shape[1:]))])
-        table = alphas.new_zeros((self.chunk + 1, *alphas.shape[1:]))
-        table[start : start + count + 1] = alphas
-        return dw, table[:-1], table[1:]
+        table = alphas.new_zeros((self.chunk, *alphas.shape[1:]))
+        table[start : start + count] = alphas[:count]
+        return dw, table
 
-    def counted_step(
-        self, carry: Carry, dw: torch.Tensor, alive: torch.Tensor, key: str, next_rate: bool = True
-    ) -> tuple[Any, Any]:
-        """One step of ``body`` from ``carry`` with the increments ``dw`` (one row), counted (``route.count_step``):
-        ((the carry after it, ok), its ``route.StepCost``). ``next_rate`` False: the schedule is not asked at the
-        step's end (a step past the run's last, taken for its count only), its check then uses alpha(t)."""
+    def step_eagerly(self, carry: Carry, dw: torch.Tensor, alive: torch.Tensor, count: bool = False) -> Any:
+        """One step from ``carry`` with the increments ``dw`` (one row), eagerly, and its check: (the carry after
+        it, ok); with ``count``, the step (not its check) counted (``route.count_step``): ((carry, ok), its
+        ``route.StepCost``)."""
         s = self.stepping
-        alphas = rates(s.schedule, carry.state.t, s.dt, 1 if next_rate else 0)
-        alphas = alphas if next_rate else alphas.expand((2, *alphas.shape[1:]))
+        alpha = rates(s.schedule, carry.state.t, s.dt, 0)[0]
         flat = self._flat(carry)
-        (*out, ok), cost = route.count_step(lambda: self.body(*flat, dw, alphas[0], alphas[1], alive), key=key)
-        state, total, info = optree.tree_unflatten(self.spec, out)
-        return (Carry(state, carry.n + 1, total, info), bool(ok)), cost
+        step = lambda: self.body(*flat, dw, alpha, alive)
+        out, cost = route.count_step(step, key=signature_key(s, self.options)) if count else (step(), None)
+        unpacked: Any = optree.tree_unflatten(self.spec, list(out))
+        state, total, info = unpacked
+        after = (Carry(state, carry.n + 1, total, info), bool(self.check(*out, alive)))
+        return (after, cost) if count else after
 
     def _flat(self, carry: Carry) -> list[torch.Tensor]:
         info = carry.info if carry.info is not None else zero_info(carry.state)
@@ -252,23 +267,29 @@ class Block:
 
     def __call__(self, carry: Carry, dw: torch.Tensor, start: int, count: int, alive: torch.Tensor) -> Outcome:
         s = self.stepping
-        blocks = self._blocks(dw, start, count, rates(s.schedule, carry.state.t, s.dt, count))
-        flat = tuple(self._flat(carry))
+        alphas = rates(s.schedule, carry.state.t, s.dt, count)
+        later = alphas[1:].reshape(count, -1)
+        bad = (~(torch.isfinite(later) & (later >= 0)).all(1)).nonzero()
+        bad_rate = carry.n + int(bad[0]) + 1 if len(bad) else None  # the first step whose state has a bad rate
+        count = count if bad_rate is None else bad_rate - carry.n - 1
+        blocks, flat = self._blocks(dw, start, count, alphas), tuple(self._flat(carry))
         if self.kernel is not None:
             k = self.kernel
-            out = k(k.scalar("count", count), k.scalar("start", start), torch.tensor(carry.n, dtype=torch.int64),
-                    k.scalar("every", self.every), alive, blocks, flat)
+            grids = [k.scalar(role, v) for role, v in (("count", count), ("start", start))]
+            n0 = torch.tensor(carry.n, dtype=torch.int64)
+            out = k(*grids, n0, k.scalar("every", self.every), k.scalar("check", self.check_every), alive, blocks, flat)
         else:
-            out = graphs.run_block(self.body, self.observe, self.capacity, count, start, carry.n, self.every, blocks,
-                                   alive, flat)
+            at = graphs.Grids(count, start, carry.n, self.every, self.check_every)
+            out = graphs.run_block(self.body, self.check, self.observe, self.capacity, at, blocks, alive, flat)
         done, rows, ok = int(out.done), int(out.rows), bool(out.ok)
-        state, total, info = optree.tree_unflatten(self.spec, list(out.carry))
-        records = None
+        unpacked: Any = optree.tree_unflatten(self.spec, list(out.carry))
+        state, total, info = unpacked
+        records: Any = None
         if rows:
             own = torch.contiguous_format  # its own memory, strides of its own shape (a size-1 axis too)
             leaves = [leaf[:rows].clone(memory_format=own) for leaf in self.seen.unpack(tuple(out.tables))]
             records = optree.tree_unflatten(self.seen_spec, leaves)
-        return Outcome(Carry(state, carry.n + done, total, info), ok, self.kernel is None, records)
+        return Outcome(Carry(state, carry.n + done, total, info), ok, self.kernel is None, records, bad_rate)
 
 
 def _by_value(fn: Callable[..., Any]) -> Any:

@@ -20,7 +20,7 @@ import torch
 from .. import _compat
 from ..compile import route
 from ..compile.options import Compile
-from ..compile.route import Route
+from ..compile.route import Route, StepCost
 from ..core import _checks
 from ..core.errors import DivergenceError
 from ..core.history import History, Record, Records, build, empty_records, last_step
@@ -29,7 +29,7 @@ from ..core.schedules import Schedule
 from ..core.state import State
 from ..optim import Average
 from ..problems.trainable import Trainable
-from .block import Block, Carry, Outcome, Stepping, rates, signature_key
+from .block import Block, Carry, Outcome, Stepping, rates
 from .hooks import Hook
 from .options import Checks, SaveAt
 
@@ -94,7 +94,7 @@ class Loop:
         previous: History | None,
         options: Compile,
         lr: Any,
-        cost: route.StepCost | None = None,
+        cost: StepCost | None = None,
     ) -> None:
         self.problem, self.stepping, self.source = problem, stepping, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
@@ -139,6 +139,7 @@ class Loop:
             members=self.members is not None,
             chunk=self.chunk,
             every=self.save.every,
+            check_every=self.checks.every,
             options=self.options._replace(enabled=compiled),
             compiled=compiled,
         )
@@ -183,9 +184,7 @@ class Loop:
         cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
         cost, grad, average = self._values(cost, self.problem.gradient_norm(c.info.gradient), c.total / c.n)
         theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
-        self.records.append(
-            Record(c.n, c.state.t, cost, grad, average, self.record_state(c.state), theta_average)
-        )
+        self.records.append(Record(c.n, c.state.t, cost, grad, average, self.record_state(c.state), theta_average))
         if c.n % self.save.every == 0:
             self.window = (c.n, c.total)
 
@@ -200,9 +199,7 @@ class Loop:
         shape = (-1,) + (1,) * (totals.ndim - 1)
         cost = ((totals - previous) / (steps - starts).reshape(shape)).to(self.dtype)
         cost, grad, average = self._values(cost, seen["grad_norm"], totals / steps.reshape(shape))
-        self.records.append(
-            Records(steps, seen["t"], cost, grad, average, seen["record"], seen.get("theta_average"))
-        )
+        self.records.append(Records(steps, seen["t"], cost, grad, average, seen["record"], seen.get("theta_average")))
         self.window = (int(steps[-1]), totals[-1])
 
     def history(self, c: Carry | None = None, noise_state: dict | None = None, interrupted: bool = False) -> History:
@@ -365,38 +362,50 @@ class Loop:
                     next_event = self.next_event(self.carry.n, stop)
 
     def _settle(self, out: Outcome, dw: torch.Tensor, i: int) -> None:
-        """Keep a block's records and carry; where its check failed, find the last good step (stepping the block
-        again to it where the carry went past), and raise or, with members, freeze those that failed."""
+        """Keep a block's records and carry; where a check failed, step from the last passed check to the step that
+        failed (stepping the block again to the check where its carry went past it) and raise or, with members,
+        freeze those that failed there; where the block stopped before a bad learning rate, raise."""
         assert self.block is not None
         start = self.carry
-        if not out.ok and not out.exact:  # step the block again to its last good step
+        if not out.ok and not out.exact:  # step the block again to its last passed check
             done = out.carry.n - start.n
-            out = self.block(start, dw, i, done, self.alive) if done else Outcome(start, True, True, None)
-            out = out._replace(ok=False)
+            again = self.block(start, dw, i, done, self.alive) if done else Outcome(start, True, True, None)
+            out = out._replace(carry=again.carry, records=again.records)
         if out.records is not None:
             self._take_records(start.n, out.records)
-        self.carry = out.carry
-        self.good = (out.carry, self.source.state_dict(out.carry.n))
-        if out.ok:
-            return
-        (bad, _), _ = self.block.counted_step(out.carry, dw[i + out.carry.n - start.n], self.alive, "")
-        n = out.carry.n + 1
-        alphas = rates(self.stepping.schedule, out.carry.state.t, self.stepping.dt, 1)
-        if not bool((torch.isfinite(alphas[1]) & (alphas[1] >= 0)).all()):
-            raise self.bad_rate(n)
-        ok = self.problem.within(bad.state, self.checks.bound)
-        if self.members is None:
-            raise self.diverged(n)
-        self._freeze(self.members[0] & ~ok, out.carry)
+        self._keep(out.carry)
+        if not out.ok:
+            self._find_failure(dw, i + self.carry.n - start.n)
+        elif out.bad_rate is not None:
+            raise self.bad_rate(out.bad_rate)
+
+    def _keep(self, carry: Carry) -> None:
+        self.carry = carry
+        self.good = (carry, self.source.state_dict(carry.n))
+
+    def _find_failure(self, dw: torch.Tensor, row: int) -> None:
+        """From the last passed check (the carry, at ``row`` of ``dw``), one step at a time to the step whose check
+        fails: raise there with the state before it, or, with members, freeze those that failed and go on."""
+        assert self.block is not None
+        while row < len(dw):
+            after, ok = self.block.step_eagerly(self.carry, dw[row], self.alive)
+            if not ok:
+                if self.members is None:
+                    raise self.diverged(after.n)
+                failed = self.members[0] & ~self.problem.within(after.state, self.checks.bound)
+                self._freeze(failed, self.carry)
+                return
+            self._keep(after)
+            row += 1
+        raise AssertionError("fwdtrain internal error: a block's failed check was not found again; please report it")
 
     def _choose(self, dw: torch.Tensor) -> None:
         """``compile="auto"``: the route of the rule, from the history's counted step or from the run's first
         step, taken here eagerly and counted (kept when it passes its check). Builds ``block``."""
-        key = signature_key(self.stepping, self.options)
         eager = self._block(False)
         taken = None
         if self.cost is None:
-            (taken, ok), self.cost = eager.counted_step(self.carry, dw, self.alive, key)
+            (taken, ok), self.cost = eager.step_eagerly(self.carry, dw, self.alive, count=True)
         decision = route.choose(
             self.cost,
             self.end - self.carry.n,
@@ -410,20 +419,22 @@ class Loop:
             compiling = hook.agree(compiling)
         self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
         self.block = self._block(True) if compiling else eager
-        if taken is not None:
-            if not ok:
-                self._settle(Outcome(self.carry, False, True, None), dw.unsqueeze(0), 0)
-            else:
-                self.carry = taken
-                self.good = (taken, self.source.state_dict(taken.n))
-                if taken.n % self.save.every == 0:
-                    self.record_now()
+        if taken is None:
+            return
+        if not ok:
+            self._find_failure(dw.unsqueeze(0), 0)
+            return
+        alpha = rates(self.stepping.schedule, taken.state.t, self.stepping.dt, 0)[0]
+        if not bool((torch.isfinite(alpha) & (alpha >= 0)).all()):
+            raise self.bad_rate(taken.n)
+        self._keep(taken)
+        if taken.n % self.save.every == 0:
+            self.record_now()
 
-    def counted_step(self, dw: torch.Tensor, next_rate: bool = True) -> route.StepCost:
+    def counted_step(self, dw: torch.Tensor) -> StepCost:
         """The ``route.StepCost`` of one eager step from the current carry (its result dropped)."""
         eager = self.block if self.block is not None and not self.block.compiled else self._block(False)
-        key = signature_key(self.stepping, self.options)
-        _, cost = eager.counted_step(self.carry, dw, self.alive, key, next_rate)
+        _, cost = eager.step_eagerly(self.carry, dw, self.alive, count=True)
         return cost
 
 

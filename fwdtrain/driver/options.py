@@ -24,13 +24,14 @@ class SaveAt(NamedTuple):
 class Checks(NamedTuple):
     """How the run guards against divergence.
 
-    Every step is checked, inside its block (eager or compiled): x, x_tilde and theta all finite, and
-    ``max |.| <= bound`` when ``bound`` is given, and the learning rate alpha(t_n) of the state a step makes a
-    finite number >= 0. A step n that fails stops the run with the state of step n - 1.
+    The check: x, x_tilde and theta all finite, and ``max |.| <= bound`` when ``bound`` is given. It is made
+    inside each block (eager or compiled) every ``every`` steps and at the block's end; a failed check is traced
+    back one step at a time to the step n that failed, and the run stops with the state of step n - 1. The
+    learning rate alpha(t_n) of every state is checked too (a finite number >= 0), before its block runs.
 
     Attributes:
-        every: Steps between the checks that hooks make together (a process group agrees on its ranks' checks
-            at this grid; default 100). It does not change what is checked.
+        every: Steps between checks inside a block (default 100; also where a process group checks together).
+            It changes the cost of a failure (at most ``every`` steps stepped again), not which step is named.
         bound: An upper bound on |x|, |x_tilde| and |theta| (None: finiteness only).
     """
 

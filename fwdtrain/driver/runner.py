@@ -1,7 +1,7 @@
 """``run``: train a problem online for a number of steps; ``setup``: the same, as a ``Loop`` one can step.
 
 ``run`` = ``setup`` (validate once, bind the solver and optimizer, build the block, position
-the noise) + ``Loop.advance_to`` (the unchecked steps between events) + the hooks' ends. It is a
+the noise) + ``Loop.advance_to`` (the blocks of checked steps, the hooks between them) + the hooks' ends. It is a
 pure function of its inputs: the same problem, start, noise and options give bitwise the same
 result whatever the noise chunk size, and a continued run equals the uninterrupted one.
 """
@@ -156,10 +156,10 @@ def run(
 ) -> Run:
     """Train ``problem`` online for ``steps`` steps of size ``dt`` from ``start``: X, Xtilde and theta together.
 
-    The loop draws the noise, takes the steps (eagerly, or in compiled runs of steps between events), records
+    The loop draws the noise, takes the steps in blocks (eagerly, or one compiled call per block), records
     the history, checks for divergence and calls the hooks. A pure function of its inputs: the same problem,
     start, noise and options give bitwise the same result whatever the noise chunk size, and a continued run
-    equals the uninterrupted one. On KeyboardInterrupt the last completed step is returned with
+    equals the uninterrupted one. On KeyboardInterrupt the last completed block is returned with
     ``history.interrupted`` True (and written by a ``Checkpointing`` hook).
 
     Args:
@@ -270,7 +270,7 @@ def _leave_marker(loop: Loop) -> None:
     if cost is None and loop.stepping.reduce is None and readied:
         state = loop.carry.state
         dw = torch.zeros(loop.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
-        cost = loop.counted_step(dw, next_rate=False)  # the schedule is not asked past the run's end
+        cost = loop.counted_step(dw)
     if cost is not None:
         route.mark_built(cost)
 
@@ -282,7 +282,7 @@ def execute(loop: Loop) -> Run:
         loop: A ``Loop`` from ``setup`` (possibly advanced already).
 
     Returns:
-        The ``Run(state, history)``; on Ctrl-C the last whole step's, with ``history.interrupted`` True.
+        The ``Run(state, history)``; on Ctrl-C the last whole block's, with ``history.interrupted`` True.
 
     Raises:
         DivergenceError, CheckpointWriteError: As ``fwdtrain.run``.
