@@ -402,23 +402,21 @@ class Loop:
     def _choose(self, dw: torch.Tensor) -> None:
         """``compile="auto"``: the route of the rule, from the history's counted step or from the run's first
         step, taken here eagerly and counted (kept when it passes its check). Builds ``block``."""
-        eager = self._block(False)
+        eager = self._block(False) if self.cost is None else None  # built only to count, or when chosen
         taken = None
-        if self.cost is None:
+        if eager is not None:
             (taken, ok), self.cost = eager.step_eagerly(self.carry, dw, self.alive, count=True)
+        cost = self.cost
+        assert cost is not None
+        steps = self.end - self.carry.n
         decision = route.choose(
-            self.cost,
-            self.end - self.carry.n,
-            self.start,
-            route.on_disk(self.cost),
-            route.compiler_set_up(),
-            route.eager_spent(self.cost),
+            cost, steps, self.start, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost)
         )
         compiling = decision.compiled
         for hook in self.hooks:  # a group takes rank 0's choice
             compiling = hook.agree(compiling)
         self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
-        self.block = self._block(True) if compiling else eager
+        self.block = self._block(True) if compiling else eager or self._block(False)
         if taken is None:
             return
         if not ok:
