@@ -370,3 +370,33 @@ def test_ensemble_with_adam_and_averaging_equals_the_separate_runs():
             rtol=1e-12,
             atol=1e-14,
         )
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to another route fails the test
+def test_a_compiled_block_freezes_a_diverging_member_where_the_eager_block_does():
+    """The block's kernel (AOTInductor) with members: the member that diverges is found at the same step and
+    frozen at the same state as on the eager route, and the others run on as they do there."""
+    sde, state = gain_state([0.5, 0.5, 0.1])
+    lrs = torch.tensor([0.3, 1e4, 3.0], dtype=f64)
+    runs = {
+        compile: ft.run(
+            en.Ensemble(sde, en.size(state)),
+            state,
+            200,
+            DT,
+            lrs,
+            noise=0,
+            save=ft.SaveAt(10),
+            solver=ft.Euler(mode="forward"),
+            compile=ft.Compile(compile, chunk=64),
+        )
+        for compile in (False, True)
+    }
+    (eager, eager_history), (compiled, compiled_history) = runs[False], runs[True]
+    assert compiled_history.diverged.tolist() == eager_history.diverged.tolist() == [False, True, False]
+    assert compiled_history.frozen_at.tolist() == eager_history.frozen_at.tolist()
+    assert compiled_history.step.tolist() == eager_history.step.tolist()
+    for a, b in zip(leaves(compiled), leaves(eager), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(compiled_history.cost, eager_history.cost, rtol=1e-10, atol=1e-12, equal_nan=True)
