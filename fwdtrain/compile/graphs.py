@@ -145,11 +145,8 @@ class Grids(NamedTuple):
     def stop(self, i: Any) -> Any:
         """The end of the stage from step i: the next record, the next check, or the block's end."""
         n = self.n0 + i
-        if isinstance(n, torch.Tensor):
-            return torch.minimum(
-                self.count, torch.minimum(i + self.every - n % self.every, i + self.check_every - n % self.check_every)
-            )
-        return min(self.count, i + self.every - n % self.every, i + self.check_every - n % self.check_every)
+        least = torch.minimum if isinstance(n, torch.Tensor) else min
+        return least(self.count, least(i + self.every - n % self.every, i + self.check_every - n % self.check_every))
 
 
 def run_block(

@@ -147,6 +147,12 @@ def check_lr(lr: Any) -> None:
         raise ValueError(f"lr must be finite and >= 0, got {lr}")
 
 
+def good_rates(alphas: torch.Tensor) -> torch.Tensor:
+    """(R,) bool: row r of ``alphas`` (R, ...) a finite number >= 0 in every entry (1-D: one entry a row)."""
+    good = torch.isfinite(alphas) & (alphas >= 0)
+    return good.flatten(1).all(1) if good.ndim > 1 else good
+
+
 def check_alpha(alpha: Any, t: Any, lr: Any) -> None:
     """The learning rate alpha(t_n) that a step will use: a real number or a 0-d floating tensor; if
     concrete, also finite and >= 0. ``lr`` (a schedule or a value) and ``t`` name the culprit in the error."""

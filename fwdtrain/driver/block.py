@@ -33,6 +33,7 @@ import torch
 from ..compile import graphs, route
 from ..compile.kernels import Kernel, block_kernel, function_kernel
 from ..compile.options import Compile
+from ..core._checks import good_rates
 from ..core._tree import tree_map
 from ..core.schedules import Schedule
 from ..core.state import State
@@ -104,11 +105,6 @@ def rates(schedule: Schedule, t: torch.Tensor, dt: float, count: int) -> torch.T
         return torch.stack([torch.as_tensor(schedule(clock)).broadcast_to(t.shape) for clock in times])
 
 
-def good_rate(alpha: torch.Tensor) -> torch.Tensor:
-    """0-d bool: every entry of alpha a finite number >= 0."""
-    return (torch.isfinite(alpha) & (alpha >= 0)).all()
-
-
 def zero_info(state: State) -> StepInfo:
     """A StepInfo of zeros shaped like every problem's (``Trainable.propagate``): a cost of the clock's shape
     (0-d, or (E,) per member) and x's dtype, a gradient like theta. The block's carry before a run's first step."""
@@ -177,8 +173,8 @@ class Block:
             return tuple(optree.tree_leaves(seen))  # type: ignore[arg-type]
 
         self.body, self.check, self.observe, self.spec = flat_body(tree_body), check, observe, spec
-        self.seen_spec = optree.tree_structure(_observed(s.problem, template, record))  # type: ignore[arg-type]
-        self.seen = graphs.Packing.of(observe(*carry_leaves))
+        seen, self.seen_spec = optree.tree_flatten(_observed(s.problem, template, record))  # type: ignore[arg-type,var-annotated]
+        self.seen = graphs.Packing.of(tuple(seen))
         self.capacity = chunk // every + 2
         self.kernel: Kernel | None = None
         if compiled and s.reduce is None:
@@ -268,8 +264,7 @@ class Block:
     def __call__(self, carry: Carry, dw: torch.Tensor, start: int, count: int, alive: torch.Tensor) -> Outcome:
         s = self.stepping
         alphas = rates(s.schedule, carry.state.t, s.dt, count)
-        later = alphas[1:].reshape(count, -1)
-        bad = (~(torch.isfinite(later) & (later >= 0)).all(1)).nonzero()
+        bad = (~good_rates(alphas[1:])).nonzero()
         bad_rate = carry.n + int(bad[0]) + 1 if len(bad) else None  # the first step whose state has a bad rate
         count = count if bad_rate is None else bad_rate - carry.n - 1
         blocks, flat = self._blocks(dw, start, count, alphas), tuple(self._flat(carry))
@@ -308,4 +303,4 @@ def _observed(problem: Trainable, carry: tuple, record: Callable[[State], Any]) 
     return seen
 
 
-__all__ = ["Block", "Carry", "Outcome", "Stepping", "clocks", "good_rate", "rates", "signature_key", "zero_info"]
+__all__ = ["Block", "Carry", "Outcome", "Stepping", "clocks", "rates", "signature_key", "zero_info"]

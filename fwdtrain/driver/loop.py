@@ -247,16 +247,16 @@ class Loop:
             return
         failed = self.members[0] & ~ok
         if bool(failed.any()):
-            self._freeze(failed, c)
+            self._freeze(failed)
 
-    def _freeze(self, failed: torch.Tensor, good: Carry) -> None:
-        """Freeze the ``failed`` members at ``good`` (their state, step and total stay there); raise when none runs."""
+    def _freeze(self, failed: torch.Tensor) -> None:
+        """Freeze the ``failed`` members at the current carry (their state and total stay there inside the blocks);
+        raise when none runs."""
         alive, frozen_at = self.members  # type: ignore[misc]
         running = alive & ~failed
-        self.members = (running, torch.where(failed, torch.tensor(good.n), frozen_at))
+        self.members = (running, torch.where(failed, torch.tensor(self.carry.n), frozen_at))
         if not bool(running.any()):
-            raise self.diverged(good.n + 1)
-        self.carry = good
+            raise self.diverged(self.carry.n + 1)
 
     def bad_rate(self, n: int) -> Exception:
         """The error for step n, whose state's learning rate alpha(t_n) is not a finite number >= 0: the steps
@@ -393,7 +393,7 @@ class Loop:
                 if self.members is None:
                     raise self.diverged(after.n)
                 failed = self.members[0] & ~self.problem.within(after.state, self.checks.bound)
-                self._freeze(failed, self.carry)
+                self._freeze(failed)
                 return
             self._keep(after)
             row += 1
@@ -422,8 +422,7 @@ class Loop:
         if not ok:
             self._find_failure(dw.unsqueeze(0), 0)
             return
-        alpha = rates(self.stepping.schedule, taken.state.t, self.stepping.dt, 0)[0]
-        if not bool((torch.isfinite(alpha) & (alpha >= 0)).all()):
+        if not bool(_checks.good_rates(rates(self.stepping.schedule, taken.state.t, self.stepping.dt, 0)).all()):
             raise self.bad_rate(taken.n)
         self._keep(taken)
         if taken.n % self.save.every == 0:

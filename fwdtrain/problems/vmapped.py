@@ -68,8 +68,9 @@ def batched_call(jit: PreparedStep, state: State, dw: Any, dt: Any, lr: Learning
             plan = jit.prepare(state_1, dw_1, dt, lr)
             entry = jit.batched_kernels[key] = _batched_kernel(jit, plan, float(dt), unflatten(spec, stacked))
         alphas = stacked[-1]
-        if not bool((torch.isfinite(alphas) & (alphas >= 0)).all()):
-            bad = int((~(torch.isfinite(alphas) & (alphas >= 0))).nonzero()[0])
+        good = _checks.good_rates(alphas)
+        if not bool(good.all()):
+            bad = int((~good).nonzero()[0])
             _checks.check_alpha(alphas[bad], state_1.t, lr)  # raises with the message of that run
         out = entry(*unflatten(spec, stacked))
     return tree_map(lambda tensor: _compat.add_batch_dim(tensor, 0, level), out)
