@@ -106,22 +106,9 @@ class History(NamedTuple):
         return out
 
 
-class Record(NamedTuple):
-    """One record before stacking: step n (int), t, cost, grad_norm, average_cost (0-d tensors), theta (a pytree)
-    and theta_average (the averaged theta, or None)."""
-
-    step: int
-    t: torch.Tensor
-    cost: torch.Tensor
-    grad_norm: torch.Tensor
-    average_cost: torch.Tensor
-    theta: Any
-    theta_average: Any = None
-
-
 class Records(NamedTuple):
-    """Records taken together (a compiled loop's stops): the fields of ``Record`` with a leading record axis,
-    ``step`` an (R,) int64 tensor."""
+    """R records taken together (a block's, or one taken alone: R = 1): step (R,) int64, t, cost, grad_norm and
+    average_cost (R,), theta and theta_average (the averaged theta, or None) pytrees with a leading axis R."""
 
     step: torch.Tensor
     t: torch.Tensor
@@ -135,37 +122,22 @@ class Records(NamedTuple):
     def last(self) -> int:
         return int(self.step[-1])
 
+    @staticmethod
+    def one(
+        step: int, t: Any, cost: Any, grad_norm: Any, average_cost: Any, theta: Any, average: Any = None
+    ) -> Records:
+        """A single record (0-d tensors, theta a pytree) as a block of one row."""
+        row = lambda tree: tree_map(lambda leaf: torch.as_tensor(leaf)[None], tree)
+        return Records(torch.tensor([step], dtype=torch.long), *row((t, cost, grad_norm, average_cost, theta, average)))
 
-def last_step(records: Sequence[Record | Records]) -> int | None:
+
+def last_step(records: Sequence[Records]) -> int | None:
     """The step of the last record (None for none)."""
-    if not records:
-        return None
-    last = records[-1]
-    return last.last if isinstance(last, Records) else last.step
+    return records[-1].last if records else None
 
 
-def _stacked(records: Sequence[Record]) -> Records:
-    step = torch.tensor([r.step for r in records], dtype=torch.long)
-    t, cost, grad, average = (torch.stack([r[i] for r in records]) for i in range(1, 5))  # type: ignore[misc]
-    averaged = all(r.theta_average is not None for r in records)
-    theta_average = _stack([r.theta_average for r in records]) if averaged else None
-    return Records(step, t, cost, grad, average, _stack([r.theta for r in records]), theta_average)
-
-
-def _grouped(records: Sequence[Record | Records]) -> Records:
-    """Single records and blocks of records as one block: runs of single records stacked, then blocks joined."""
-    blocks: list[Records] = []
-    run: list[Record] = []
-    for record in records:
-        if isinstance(record, Records):
-            if run:
-                blocks.append(_stacked(run))
-                run = []
-            blocks.append(record)
-        else:
-            run.append(record)
-    if run:
-        blocks.append(_stacked(run))
+def _joined(blocks: Sequence[Records]) -> Records:
+    """Blocks of records as one block, in order."""
     if len(blocks) == 1:
         return blocks[0]
     averaged = all(b.theta_average is not None for b in blocks)
@@ -181,17 +153,13 @@ def _grouped(records: Sequence[Record | Records]) -> Records:
     )
 
 
-def _stack(trees: Sequence[Any]) -> Any:
-    return tree_map(lambda *xs: torch.stack([torch.as_tensor(x) for x in xs]), *trees)
-
-
 def empty_records(example: Any) -> Any:
     """A pytree like ``example`` with a leading record axis of length 0."""
     return tree_map(lambda leaf: torch.as_tensor(leaf)[None][:0], example)
 
 
 def build(
-    records: Sequence[Record | Records],
+    records: Sequence[Records],
     empty_theta: Any,
     *,
     carry: dict | None = None,
@@ -209,7 +177,7 @@ def build(
     ``empty_average``: the empty ``theta_average`` for no records (None: the records hold no average)."""
     theta_average = empty_average
     if records:
-        step, t, cost, grad, average, theta, stacked_average = _grouped(records)
+        step, t, cost, grad, average, theta, stacked_average = _joined(records)
         if stacked_average is not None:
             theta_average = stacked_average
     else:
@@ -272,4 +240,4 @@ def records(history: History, start: int | None = None, stop: int | None = None)
     )
 
 
-__all__ = ["FIELDS", "History", "Record", "Records", "build", "concatenate", "empty_records", "last_step", "records"]
+__all__ = ["FIELDS", "History", "Records", "build", "concatenate", "empty_records", "last_step", "records"]

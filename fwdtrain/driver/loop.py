@@ -23,7 +23,7 @@ from ..compile.options import Compile
 from ..compile.route import Route, StepCost
 from ..core import _checks
 from ..core.errors import DivergenceError
-from ..core.history import History, Record, Records, build, empty_records, last_step
+from ..core.history import History, Records, build, empty_records, last_step
 from ..core.noise import Noise
 from ..core.schedules import Schedule
 from ..core.state import State
@@ -104,7 +104,7 @@ class Loop:
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
         self.record_state: Callable[[State], Any] = save.record or problem.record
-        self.records: list[Record | Records] = []
+        self.records: list[Records] = []
         self.empty = empty_records(self.record_state(carry.state))
         averaged = isinstance(carry.state.average, Average)
         self.empty_average = empty_records(carry.state.average.mean) if averaged else None
@@ -184,7 +184,7 @@ class Loop:
         cost = ((c.total - total_g) / (c.n - g)).to(self.dtype)
         cost, grad, average = self._values(cost, self.problem.gradient_norm(c.info.gradient), c.total / c.n)
         theta_average = c.state.average.mean if isinstance(c.state.average, Average) else None
-        self.records.append(Record(c.n, c.state.t, cost, grad, average, self.record_state(c.state), theta_average))
+        self.records.append(Records.one(c.n, c.state.t, cost, grad, average, self.record_state(c.state), theta_average))
         if c.n % self.save.every == 0:
             self.window = (c.n, c.total)
 
