@@ -13,6 +13,7 @@ Two kinds of check:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
@@ -153,27 +154,32 @@ def good_rates(alphas: torch.Tensor) -> torch.Tensor:
     return good.flatten(1).all(1) if good.ndim > 1 else good
 
 
+def real_number(value: Any, refuse: Callable[[str], str]) -> float | None:
+    """``value`` as a float: a real number, or a 0-d floating tensor (None where it is traced, its value unknown);
+    else ``TypeError`` or ``ValueError`` with the message ``refuse(what value is)``."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or not value.is_floating_point():
+            raise ValueError(refuse(f"a {value.dtype} tensor of shape {tuple(value.shape)}"))
+        return value.item() if is_concrete(value) else None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(refuse(f"{type(value).__name__} ({value!r:.50})"))
+    return float(value)
+
+
 def check_alpha(alpha: Any, t: Any, lr: Any) -> None:
     """The learning rate alpha(t_n) that a step will use: a real number or a 0-d floating tensor; if
     concrete, also finite and >= 0. ``lr`` (a schedule or a value) and ``t`` name the culprit in the error."""
     source = f"the schedule {_describe(lr)}" if callable(lr) else f"lr = {lr!r}"
     at = f"t = {float(t):.6g}" if is_concrete(t) else "t"
-    if isinstance(alpha, torch.Tensor):
-        if alpha.ndim != 0 or not alpha.is_floating_point():
-            raise ValueError(
-                f"{source} returned a {alpha.dtype} tensor of shape {tuple(alpha.shape)} at {at}; "
-                f"a learning rate must be one floating number (a 0-d tensor), not per-parameter"
-            )
-        if not is_concrete(alpha):
-            return
-        value = alpha.item()
-    elif isinstance(alpha, Real) and not isinstance(alpha, bool):
-        value = float(alpha)
-    else:
-        raise TypeError(
-            f"{source} returned {type(alpha).__name__} ({alpha!r:.50}) at {at}; a learning rate "
-            f"must be a number or a 0-d floating tensor"
-        )
+    value = real_number(
+        alpha,
+        lambda got: (
+            f"{source} returned {got} at {at}; a learning rate must be one floating number: a number or a "
+            f"0-d floating tensor (not per-parameter)"
+        ),
+    )
+    if value is None:
+        return
     if not math.isfinite(value):
         raise ValueError(f"{source} returned {value} at {at}; a learning rate must be finite")
     if value < 0:

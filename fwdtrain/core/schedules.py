@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._checks import is_concrete
+from ._checks import is_concrete, real_number
 
 Schedule = Callable[[torch.Tensor], Any]  # t -> alpha(t); the built-in ones return tensors shaped like t
 Parameter = float | torch.Tensor
@@ -33,25 +33,15 @@ def _parameter(
     value: Parameter, factory: str, name: str, *, minimum: float | None = 0.0, strict: bool = False
 ) -> Parameter:
     """A number (as float) or a 0-d floating tensor (kept as it is); if concrete, finite and >= (or >) minimum."""
-    if isinstance(value, torch.Tensor):
-        if value.ndim != 0 or not value.is_floating_point():
-            raise ValueError(
-                f"{factory}: {name} must be a number or a 0-d floating tensor, "
-                f"got a {value.dtype} tensor of shape {tuple(value.shape)}"
-            )
-        if not is_concrete(value):
-            return value
-        number = value.item()
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{factory}: {name} must be a number or a 0-d floating tensor, got {type(value).__name__}")
-    else:
-        number = value = float(value)
+    number = real_number(value, lambda got: f"{factory}: {name} must be a number or a 0-d floating tensor, got {got}")
+    if number is None:
+        return value
     if not math.isfinite(number):
         raise ValueError(f"{factory}: {name} must be finite, got {number}")
     if minimum is not None and (number <= minimum if strict else number < minimum):
         relation = ">" if strict else ">="
         raise ValueError(f"{factory}: {name} must be {relation} {minimum:g}, got {number}")
-    return value
+    return value if isinstance(value, torch.Tensor) else number
 
 
 def constant(value: Parameter) -> Schedule:
