@@ -3,26 +3,5 @@
 The names of ``fwdtrain.problems.calibration`` at their public path.
 """
 
-from .problems.calibration import (
-    Calibration,
-    CalibrationInfo,
-    calibration,
-    check_inputs,
-    init,
-    propagate,
-    resolve_mode_for,
-    step,
-    step_with_info,
-)
-
-__all__ = [
-    "Calibration",
-    "CalibrationInfo",
-    "calibration",
-    "check_inputs",
-    "init",
-    "propagate",
-    "resolve_mode_for",
-    "step",
-    "step_with_info",
-]
+from .problems.calibration import *  # noqa: F403  # every public name of the layer's module, once
+from .problems.calibration import __all__ as __all__

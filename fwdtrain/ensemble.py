@@ -3,28 +3,5 @@
 The names of ``fwdtrain.problems.ensemble`` at their public path.
 """
 
-from .problems.ensemble import (
-    Ensemble,
-    EnsembleNoise,
-    PerMember,
-    init,
-    member,
-    member_history,
-    rates,
-    size,
-    stack,
-    unstack,
-)
-
-__all__ = [
-    "Ensemble",
-    "EnsembleNoise",
-    "PerMember",
-    "init",
-    "member",
-    "member_history",
-    "rates",
-    "size",
-    "stack",
-    "unstack",
-]
+from .problems.ensemble import *  # noqa: F403  # every public name of the layer's module, once
+from .problems.ensemble import __all__ as __all__

@@ -3,14 +3,5 @@
 The names of ``fwdtrain.core.errors`` at their public path.
 """
 
-from .core.errors import (
-    CheckpointError,
-    CheckpointWriteError,
-    DivergenceError,
-)
-
-__all__ = [
-    "CheckpointError",
-    "CheckpointWriteError",
-    "DivergenceError",
-]
+from .core.errors import *  # noqa: F403  # every public name of the layer's module, once
+from .core.errors import __all__ as __all__

@@ -1,19 +1,4 @@
 """``fwdtrain.schedules``: learning-rate schedules, the names of ``fwdtrain.core.schedules`` at their public path."""
 
-from .core.schedules import (
-    Parameter,
-    Schedule,
-    constant,
-    inverse_time,
-    piecewise_constant,
-    staged,
-)
-
-__all__ = [
-    "Parameter",
-    "Schedule",
-    "constant",
-    "inverse_time",
-    "piecewise_constant",
-    "staged",
-]
+from .core.schedules import *  # noqa: F403  # every public name of the layer's module, once
+from .core.schedules import __all__ as __all__

@@ -3,24 +3,5 @@
 The names of ``fwdtrain.problems.sgdct`` at their public path.
 """
 
-from .problems.sgdct import (
-    DriftEstimation,
-    SGDCTInfo,
-    SGDCTState,
-    as_state,
-    check_inputs,
-    init,
-    step,
-    step_with_info,
-)
-
-__all__ = [
-    "DriftEstimation",
-    "SGDCTInfo",
-    "SGDCTState",
-    "as_state",
-    "check_inputs",
-    "init",
-    "step",
-    "step_with_info",
-]
+from .problems.sgdct import *  # noqa: F403  # every public name of the layer's module, once
+from .problems.sgdct import __all__ as __all__

@@ -269,15 +269,24 @@ def test_no_public_callable_takes_more_than_12_parameters():
 
 
 def test_a_short_public_path_only_re_exports_its_layers_names():
-    """fwdtrain.schedules and the like: a docstring, one import from their layer's module, and ``__all__``."""
+    """fwdtrain.schedules and the like: a docstring, then ``from <layer's module> import *`` and that module's
+    ``__all__``: each public name is written once, in its layer."""
     modules = _modules()
     for name in PUBLIC_PATHS:
         tree = ast.parse(modules[name].read_text())
         imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
-        assert len(imports) == 1 and len(tree.body) == 3, f"{name}: docstring, one import, __all__"
-        source = _resolve(name, False, imports[0].level, imports[0].module)
+        assert len(imports) == 2 and len(tree.body) == 3, f"{name}: docstring, two imports"
+        sources = {_resolve(name, False, node.level, node.module) for node in imports}
+        assert len(sources) == 1, f"{name} imports from several modules: {sorted(sources)}"
+        (source,) = sources
         assert source.count(".") == 2, f"{name} re-exports {source}, not a layer's module"
-        assert sorted(alias.name for alias in imports[0].names) == sorted(importlib.import_module(name).__all__)
+        assert [[(alias.name, alias.asname) for alias in node.names] for node in imports] == [
+            [("*", None)],
+            [("__all__", "__all__")],
+        ]
+        public, layer = importlib.import_module(name), importlib.import_module(source)
+        assert public.__all__ == layer.__all__
+        assert all(getattr(public, n) is getattr(layer, n) for n in layer.__all__)
 
 
 def test_the_public_face_is_at_most_35_names_and_every_one_exists():
