@@ -9,7 +9,7 @@ import fwdtrain as ft
 import fwdtrain._compat
 from fwdtrain.core._tree import leaves, tree_map
 from fwdtrain.core.problem import check_noise_type
-from fwdtrain.core.sensitivity import Plan, control_sensitivity, linearise_particles
+from fwdtrain.core.sensitivity import Plan, control_rows, linearise_particles, per_leaf
 from fwdtrain.core.step import propagate
 from fwdtrain.problems import CostForm
 
@@ -78,11 +78,12 @@ def test_structured_route_equals_generic_route(noise, mode):
     assert max(leaf.abs().max() for leaf in leaves(structured.total.sigma)) > 1e-3  # D sigma is really there
 
 
-def test_control_sensitivity_modes_agree_and_match_the_chain_rule():
+def test_control_rows_modes_agree_and_match_the_chain_rule():
     theta, x = _theta(), torch.tensor([0.3, -0.7], dtype=F64)
     x_tilde = tree_map(lambda leaf: leaf[0], _random_sensitivity(theta, 1))
-    u, d_u = control_sensitivity(_control, theta, x, x_tilde, "reverse")
-    _, d_u_forward = control_sensitivity(_control, theta, x, x_tilde, "forward")
+    u, rows = control_rows(_control, theta, x, x_tilde, "reverse")
+    _, rows_forward = control_rows(_control, theta, x, x_tilde, "forward")
+    d_u, d_u_forward = (per_leaf(blocks, u.shape, theta) for blocks in (rows, rows_forward))
     u_theta = torch.autograd.functional.jacobian(
         lambda *leaves_: _control(dict(zip(theta, leaves_)), x), tuple(theta.values())
     )

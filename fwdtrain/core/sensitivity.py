@@ -291,19 +291,6 @@ def control_rows(
     return u, [leaf.reshape(u.numel(), -1) for leaf in leaves(d_u)]
 
 
-def control_sensitivity(
-    control: Callable[[Theta, torch.Tensor], torch.Tensor],
-    theta: Theta,
-    x: torch.Tensor,
-    x_tilde: Any,
-    mode: str = "reverse",
-) -> tuple[torch.Tensor, Any]:
-    """(u, D u) with D u = u_x Xtilde + u_theta, one particle; a leaf of shape s gives D u (*u.shape, *s)
-    (``control_rows``, the blocks shaped like theta's leaves)."""
-    u, d_u = control_rows(control, theta, x, x_tilde, mode)
-    return u, per_leaf(d_u, u.shape, theta)
-
-
 def linearise_structured(
     control: Callable[[Theta, torch.Tensor], torch.Tensor],
     terms_xu: Callable[[torch.Tensor, torch.Tensor], Terms],
@@ -436,7 +423,6 @@ __all__ = [
     "Terms",
     "columns",
     "control_rows",
-    "control_sensitivity",
     "evaluate_particles",
     "linearise",
     "linearise_generic",
