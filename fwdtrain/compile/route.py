@@ -14,11 +14,13 @@ measured once on a 2-core CPU (``benchmarks/bench_route.py`` measures them again
 
 and the run compiles iff S (E - K) > C. Nothing else counts: the same call on the same machine and cache
 takes the same route, whatever the process ran before. ``S`` weighs the steps a continued run has taken,
-so that a run continued in short segments compiles once it has run long enough for compiling to pay:
-by then it has spent about C / CONTINUED_WEIGHT eagerly, which bounds its loss to about 1 + 1 /
-CONTINUED_WEIGHT times the better route in hindsight. A short job launched again and again (the same step
-in the same cache) compiles once the eager steps its launches spent would have paid for the compile (the
-ski-rental rule: never much more than twice the better choice in hindsight), and loads its kernel after.
+because a run continued in segments (``run(problem, previous_run, 250, ...)`` in a loop) is usually a
+long training: it compiles once it has spent about C / CONTINUED_WEIGHT eagerly, so when it goes on it
+takes at most about 1 + 1 / CONTINUED_WEIGHT times ``compile=True``; a run stopped soon after that pays for
+a compile it did not need (no rule can know when a run will stop). A short job launched again and again
+(the same step in the same cache) compiles once the eager steps its launches spent would have paid for the
+compile (the ski-rental rule: never much more than twice the better choice in hindsight), and loads its
+kernel after.
 
 "A kernel of this step is on disk" is read from a marker that a compiled run leaves in the cache
 (``routes/<signature>``): the signature hashes the counted step's calls and shapes, dt, the options,
@@ -46,7 +48,8 @@ LOAD_SECONDS = 0.5  # loading a package from disk and checking it against one ea
 COMPILE_SECONDS = 10.0  # AOTInductor's fixed cost for one kernel (the C++ build and link)
 COMPILE_SECONDS_PER_OP = 0.05  # and per ATen call of the step (the seed step: 121 calls, about 15 s in all)
 SETUP_SECONDS = 20.0  # a cache's first compile also builds inductor's instruction-set probe and headers
-CONTINUED_WEIGHT = 3  # the weight of the steps a continued run took before this call
+CONTINUED_WEIGHT = 16  # the weight of the steps a continued run took before this call (bench_route: 3 left
+# the seed problem continued in 2,048-step segments at 1.4x to 1.6x compile=True, 4 to 6 eager segments)
 
 
 class StepCost(NamedTuple):
