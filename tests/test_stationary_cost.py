@@ -7,6 +7,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain.core.evaluate import average_cost
 from fwdtrain.core.noise import BrownianNoise
+from fwdtrain.problems.frozen import FrozenCost, FrozenPaths
 
 F64 = torch.float64
 
@@ -43,3 +44,24 @@ def test_the_trace_once_kernel_of_the_frozen_step_equals_eager():
     compiled = ft.stationary_cost(sde, theta, x0, compile=True, **options)
     assert compiled.mean == pytest.approx(eager.mean, rel=1e-10)
     assert compiled.stderr == pytest.approx(eager.stderr, rel=1e-8)
+
+
+def test_a_frozen_cost_run_carries_paths_and_sums_and_refuses_a_state():
+    """The frozen evaluation has a state of its own kind: x, the float64 cost sums, theta, t (no sensitivity
+    slot holding sums); ``run`` continues it from its Run and refuses a ``State`` by name."""
+    sde, theta = _ou()
+    problem = FrozenCost(sde, burn_in=5)
+    start = problem.start(theta, torch.zeros(1, dtype=F64), 8)
+    assert isinstance(start, FrozenPaths) and start.sums.dtype == F64 and start.average is None
+    first = ft.run(problem, start, 10, 0.05, 0.0, 3, compile=False)
+    both = ft.run(problem, first, 10, 0.05, 0.0, 3, compile=False)
+    dw = BrownianNoise((8, 1), 0.05, seed=3, dtype=F64).draw(20)
+    x, sums = start.x, torch.zeros(8, dtype=F64)
+    for n in range(20):
+        sums = sums + ((x * x).sum(-1) if n >= 5 else 0)
+        x = x - theta["k"] * x * 0.05 + dw[n]
+    torch.testing.assert_close(both.state.sums, sums, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(both.state.x, x, rtol=1e-12, atol=1e-12)
+    assert torch.equal(both.state.theta["k"], theta["k"])
+    with pytest.raises(TypeError, match="starts from a FrozenPaths"):
+        ft.run(problem, ft.init(sde, theta, torch.zeros(1, dtype=F64), 8), 10, 0.05, 0.0)

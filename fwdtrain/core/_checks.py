@@ -205,7 +205,7 @@ def check_initial_state(within: torch.Tensor, state: Any, bound: float | None = 
     if bool(within.all()):
         return
     members = f" (members {torch.nonzero(~within).flatten().tolist()})" if within.ndim else ""
-    fields = (("x", state.x), ("x_tilde", state.x_tilde), ("theta", state.theta))
+    fields = [(name, getattr(state, name)) for name in ("x", "x_tilde", "sums", "theta") if hasattr(state, name)]
     for field, tree in fields:
         for path, leaf in leaves_with_paths(tree):
             if not isinstance(leaf, torch.Tensor) or leaf.numel() == 0:

@@ -11,7 +11,7 @@ cannot be transformed (it says so inside a transform instead of returning a sile
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -23,7 +23,7 @@ from ..core.problem import SDE
 from ..core.sensitivity import Theta
 from ..core.solvers import Solver, as_solver
 from ..core.state import evaluate_once
-from ..problems.frozen import FrozenCost
+from ..problems.frozen import FrozenCost, FrozenPaths
 from .options import Checks, SaveAt
 from .runner import run
 
@@ -117,7 +117,7 @@ def stationary_cost(
             )
             raise
     _refuse_transformed(end.x)  # the SDE closes over a tensor of an enclosing transform
-    total = end.x_tilde / (steps - burn_in)
+    total = cast(FrozenPaths, end).sums / (steps - burn_in)  # run returns its problem's state kind
     return CostEstimate(total.mean().item(), (total.std() / math.sqrt(particles)).item())
 
 

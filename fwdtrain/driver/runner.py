@@ -38,22 +38,25 @@ class Run(NamedTuple):
     history: History
 
 
-def split_start(start: Any) -> tuple[State, History | None]:
-    """(state, history) from a ``State``, a ``Run`` or ``Checkpoint`` to continue, or a (state, history) pair."""
-    if isinstance(start, State):
+def split_start(start: Any, kind: type = State) -> tuple[Any, History | None]:
+    """(state, history) from a state of ``kind`` (the problem's ``state_kind``: a ``State`` for every SDE
+    problem), a ``Run`` or ``Checkpoint`` to continue, or a (state, history) pair."""
+    name = "fwdtrain.State" if kind is State else kind.__name__
+    if isinstance(start, kind):
         return start, None
     if isinstance(start, (Run, Checkpoint)) or (isinstance(start, tuple) and len(start) == 2):
         state, history = start[0], start[1]
-        if not isinstance(state, State):
-            raise TypeError(f"run(problem, start, ...): start[0] must be a fwdtrain.State, got {type(state).__name__}")
+        if not isinstance(state, kind):
+            raise TypeError(f"run(problem, start, ...): start[0] must be a {name}, got {type(state).__name__}")
         if history is not None and not isinstance(history, History):
             raise TypeError(
                 f"run(problem, start, ...): start[1] must be the fwdtrain.History of the run that made "
                 f"the state, got {type(history).__name__}"
             )
         return state, history
+    made = " (from fwdtrain.init)" if kind is State else ""
     raise TypeError(
-        f"run(problem, start, ...) starts from a fwdtrain.State (from fwdtrain.init), or continues a "
+        f"run(problem, start, ...) starts from a {name}{made}, or continues a "
         f"run: the Run it returned, a Checkpoint from fwdtrain.load, or (state, history); "
         f"got {type(start).__name__}"
     )
@@ -108,8 +111,8 @@ def setup(
     """
     steps = _checks.check_count(steps, "steps", minimum=0)
     save, checks, options, hooks = check_save(save), check_checks(checks), as_compile(compile), check_hooks(hooks)
-    state, history = split_start(start)
     trainable: Trainable = as_trainable(problem, solver, optimizer)
+    state, history = split_start(start, trainable.state_kind)
     trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
     schedule = trainable.schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check

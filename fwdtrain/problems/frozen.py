@@ -3,8 +3,8 @@
     X_{n+1} = the solver's step with theta frozen (no sensitivity),
     S_{n+1}^i = S_n^i + c(X_n^i, theta) 1[n >= B],   theta_{n+1} = theta_n,   t_{n+1} = t_n + h
 
-The state's sensitivity slot carries the per-particle running sums S (N,) in float64 (there is no
-sensitivity to carry); ``run`` draws the noise, chooses eager or compiled steps by its route and keeps one
+Its state is a ``FrozenPaths`` (x, the per-particle sums S (N,) in float64, theta, t): there is no
+sensitivity to carry. ``run`` draws the noise, chooses eager or compiled steps by its route and keeps one
 kernel for every theta (theta is carried in the state, not closed over).
 """
 
@@ -12,17 +12,42 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from ..core._tree import tree_map
+from ..core._tree import leaves, peak, tree_map
 from ..core.evaluate import frozen_step
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
-from ..core.state import State, noise_dim
+from ..core.state import noise_dim
 from ..core.step import StepInfo
 from .trainable import Trainable
+
+
+class FrozenPaths(NamedTuple):
+    """N paths simulated with theta frozen, and their cost sums: the state of a ``FrozenCost`` run.
+
+    Attributes:
+        x: X_n, shape (N, d).
+        sums: S_n^i = sum_{B <= k < n} c(X_k^i, theta), shape (N,), float64.
+        theta: The parameters, frozen.
+        t: The clock t_n = n h, 0-d float64.
+    """
+
+    x: torch.Tensor
+    sums: torch.Tensor
+    theta: Any
+    t: torch.Tensor
+
+    @property
+    def average(self) -> None:
+        """No running average of theta (the loop's records ask)."""
+        return None
+
+    @property
+    def particles(self) -> int:
+        return self.x.shape[0]
 
 
 @dataclass(frozen=True)
@@ -32,36 +57,42 @@ class FrozenCost(Trainable):
     sde: SDE
     solver: Solver = EULER
     burn_in: int = 0
+    state_kind: ClassVar[type] = FrozenPaths
 
-    def start(self, theta: Any, x0: torch.Tensor, particles: int) -> State:
+    def start(self, theta: Any, x0: torch.Tensor, particles: int) -> FrozenPaths:
         """N particles at x0 (d,), the sums at zero, the clock at 0 (float64)."""
         x = x0.expand(particles, -1).clone()
         sums = torch.zeros(particles, dtype=torch.float64, device=x0.device)
-        return State(x, sums, theta, torch.zeros((), dtype=torch.float64, device=x0.device))
+        return FrozenPaths(x, sums, theta, torch.zeros((), dtype=torch.float64, device=x0.device))
 
-    def check(self, state: State, dt: Any, lr: Any) -> None:
+    def check(self, state: FrozenPaths, dt: Any, lr: Any) -> None:
         self.solver.check(self.sde, state.theta, state.x[0])
 
-    def plan(self, state: State, mode: str = "auto") -> Hashable:
+    def plan(self, state: FrozenPaths, mode: str = "auto") -> Hashable:
         return None  # nothing is differentiated
 
-    def noise_shape(self, state: State) -> tuple[int, ...]:
+    def noise_shape(self, state: FrozenPaths) -> tuple[int, ...]:
         return (state.particles, noise_dim(self.sde, state.theta, state.x))
 
-    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
+    def propagate(self, state: FrozenPaths, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[FrozenPaths, StepInfo]:
         """X to n + 1 by the solver's scheme with every tangent None; the sums take c(X_n) from step B on."""
         x, cost = frozen_step(self.sde, state.theta, state.x, dw, dt, self.solver)
         counted = state.t >= (self.burn_in - 0.5) * dt  # n >= B on the float64 clock t_n = n h
-        sums = torch.where(counted, state.x_tilde + cost.double(), state.x_tilde)
+        sums = torch.where(counted, state.sums + cost.double(), state.sums)
         zero = tree_map(torch.zeros_like, state.theta)  # G = 0: theta is frozen (a gradient shaped like theta)
-        return state._replace(x=x, x_tilde=sums), StepInfo(cost.mean(), zero)
+        return state._replace(x=x, sums=sums), StepInfo(cost.mean(), zero)
 
-    def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
+    def update(self, moved: FrozenPaths, gradient: Any, alpha: Any, dt: Any) -> FrozenPaths:
         """theta frozen: only the clock moves."""
         return moved._replace(t=moved.t + dt)
 
-    def record(self, state: State) -> Any:
+    def record(self, state: FrozenPaths) -> Any:
         return ()
 
+    def within(self, state: FrozenPaths, bound: float | None) -> torch.Tensor:
+        """0-d bool: x, the sums and theta all finite (and |.| <= bound when given)."""
+        largest = peak(leaves((state.x, state.sums, state.theta)))
+        return torch.isfinite(largest) if bound is None else largest <= bound
 
-__all__ = ["FrozenCost"]
+
+__all__ = ["FrozenCost", "FrozenPaths"]

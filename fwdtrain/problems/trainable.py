@@ -1,7 +1,7 @@
 """What ``run`` trains: the ``Trainable`` base class, with every method the loop calls.
 
-Every kind of online training in fwdtrain is a pure step of a ``State`` driven by one "noise"
-increment per step:
+Every kind of online training in fwdtrain is a pure step of a state (a ``State``, or the problem's own
+kind: ``state_kind``) driven by one "noise" increment per step:
 
     moved_n, info_n = propagate(state_n, dw_n, dt, plan)        X, Xtilde to n + 1; info = (cost_n, G_n)
     state_{n+1}     = update(moved_n, G_n, alpha(t_n), dt)     theta, opt_state, t, average to n + 1
@@ -10,6 +10,7 @@ increment per step:
   ``calibration.Calibration``         dw_n Brownian increments (N, m); cost = the two-group J estimate
   ``sgdct.DriftEstimation``           dw_n the observed increment dX_n; state.x the observation X_n
   ``ensemble.Ensemble``               E members of any of these, one vmapped step
+  ``frozen.FrozenCost``               dw_n Brownian increments; its own state kind, ``FrozenPaths``
 
 A subclass implements ``check``, ``plan``, ``noise_shape`` and ``propagate``; the base class gives
 the update (the bound ``optimizer``), ``advance`` (both halves, with an optional gradient hook in
@@ -24,7 +25,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,6 +37,9 @@ from ..core.state import State
 from ..core.step import GradientReduce, LearningRate, StepInfo, update_parameters
 from ..optim import GradientTransformation
 
+AnyState = Any  # a ``State``, or the state kind of the problem (``Trainable.state_kind``): a NamedTuple with x,
+# theta, t and average (None where there is none) that the problem's own methods read
+
 
 class Trainable(abc.ABC):
     """The interface of a problem ``run`` can train; every method is pure.
@@ -46,39 +50,46 @@ class Trainable(abc.ABC):
     """
 
     optimizer: GradientTransformation | None = None
+    state_kind: ClassVar[type] = State  # what ``run`` starts from and carries: a ``State``, or the problem's own
 
     # ---- what a problem must say ----
     @abc.abstractmethod
-    def check(self, state: State, dt: Any, lr: Any) -> None:
+    def check(self, state: AnyState, dt: Any, lr: Any) -> None:
         """Raise a clear error for a state, step or learning rate this problem cannot use."""
 
     @abc.abstractmethod
-    def plan(self, state: State, mode: str = "auto") -> Hashable:
+    def plan(self, state: AnyState, mode: str = "auto") -> Hashable:
         """What is decided once per run (e.g. the derivative mode and route), from ``mode`` ("auto" included)."""
 
     @abc.abstractmethod
-    def noise_shape(self, state: State) -> tuple[int, ...]:
+    def noise_shape(self, state: AnyState) -> tuple[int, ...]:
         """The shape of one step's increment dw_n."""
 
     @abc.abstractmethod
-    def propagate(self, state: State, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[State, StepInfo]:
+    def propagate(self, state: AnyState, dw: torch.Tensor, dt: Any, plan: Hashable) -> tuple[AnyState, StepInfo]:
         """The state with x (and x_tilde) at n + 1 (theta, t untouched) and StepInfo(cost_n, G_n): a cost of
         the clock's shape and x's dtype, a gradient shaped like theta."""
 
     # ---- what the base class gives ----
-    def update(self, moved: State, gradient: Any, alpha: Any, dt: Any) -> State:
+    def update(self, moved: AnyState, gradient: Any, alpha: Any, dt: Any) -> AnyState:
         """theta, opt_state, t and average at n + 1 from G_n (``core.step.update_parameters``, the bound rule)."""
         return update_parameters(moved, gradient, alpha, dt, self.optimizer)
 
     def advance(
-        self, state: State, dw: torch.Tensor, dt: Any, alpha: Any, plan: Hashable, reduce: GradientReduce | None = None
-    ) -> tuple[State, StepInfo]:
+        self,
+        state: AnyState,
+        dw: torch.Tensor,
+        dt: Any,
+        alpha: Any,
+        plan: Hashable,
+        reduce: GradientReduce | None = None,
+    ) -> tuple[AnyState, StepInfo]:
         """One unchecked step: (state_{n+1}, StepInfo(cost_n, G_n)); ``reduce`` maps G_n before the update."""
         moved, info = self.propagate(state, dw, dt, plan)
         gradient = info.gradient if reduce is None else reduce(info.gradient)
         return self.update(moved, gradient, alpha, dt), StepInfo(info.cost, gradient)
 
-    def record(self, state: State) -> Any:
+    def record(self, state: AnyState) -> Any:
         """What the history stores at a record: theta."""
         return state.theta
 
@@ -111,14 +122,14 @@ class Trainable(abc.ABC):
         ``State.opt_state``."""
         return dataclasses.replace(self, optimizer=optimizer)  # type: ignore[type-var]
 
-    def schedule(self, lr: LearningRate, state: State) -> Schedule:
+    def schedule(self, lr: LearningRate, state: AnyState) -> Schedule:
         """alpha as a function of the clock t (a number becomes a constant 0-d tensor of x's dtype)."""
         if callable(lr):
             return lr
         alpha = torch.as_tensor(lr, dtype=state.x.dtype, device=state.x.device).clone()
         return lambda t: alpha
 
-    def noise_source(self, noise: NoiseLike | int, dt: Any, state: State, saved: dict | None) -> Noise:
+    def noise_source(self, noise: NoiseLike | int, dt: Any, state: AnyState, saved: dict | None) -> Noise:
         """The increments: the user's source (a tensor or function is indexed by the step count), the saved
         position of a continued run, or ``BrownianNoise(noise_shape, dt, seed=noise)`` for an int."""
         dtype, device, shape = state.x.dtype, state.x.device, tuple(self.noise_shape(state))
@@ -144,12 +155,12 @@ class Trainable(abc.ABC):
         return source.copy().expect(shape, dtype, device)
 
     # ---- a problem made of independent members (an ensemble) overrides these ----
-    def within(self, state: State, bound: float | None) -> torch.Tensor:
+    def within(self, state: AnyState, bound: float | None) -> torch.Tensor:
         """0-d bool: x, x_tilde and theta all finite (and |.| <= bound when given); one reduction."""
         largest = peak(leaves((state.x, state.x_tilde, state.theta)))
         return torch.isfinite(largest) if bound is None else largest <= bound  # NaN compares False
 
-    def freeze(self, good: State, new: State, running: torch.Tensor) -> State:
+    def freeze(self, good: AnyState, new: AnyState, running: torch.Tensor) -> AnyState:
         """``new`` for running members and ``good`` for the others; a single run has no members to freeze."""
         return new
 
@@ -157,7 +168,7 @@ class Trainable(abc.ABC):
         """|G| over every leaf (per member for an ensemble)."""
         return norm(gradient)
 
-    def nonfinite(self, state: State) -> str | None:
+    def nonfinite(self, state: AnyState) -> str | None:
         """The name of the problem's first function that is NaN or inf at the state's particles ("drift", ...),
         or None (also when the problem cannot tell). Used on the error path only, to name a divergence."""
         return None
