@@ -198,15 +198,14 @@ def check_count(value: Any, name: str, minimum: int = 1) -> int:
     return value
 
 
-def check_initial_state(within: torch.Tensor, state: Any, bound: float | None = None) -> None:
+def check_initial_state(within: torch.Tensor, checked: dict[str, Any], bound: float | None = None) -> None:
     """Raise ``ValueError`` unless ``within`` (a run's ``Trainable.within(state, bound)``: 0-d, or (E,) per member)
-    is all True, naming the first leaf of x, x_tilde and theta that is NaN or inf (or above ``bound``), the index
-    of its first bad entry and the value there."""
+    is all True, naming the first leaf of the parts ``checked`` (``Trainable.checked``: x, x_tilde and theta) that
+    is NaN or inf (or above ``bound``), the index of its first bad entry and the value there."""
     if bool(within.all()):
         return
     members = f" (members {torch.nonzero(~within).flatten().tolist()})" if within.ndim else ""
-    fields = [(name, getattr(state, name)) for name in ("x", "x_tilde", "sums", "theta") if hasattr(state, name)]
-    for field, tree in fields:
+    for field, tree in checked.items():
         for path, leaf in leaves_with_paths(tree):
             if not isinstance(leaf, torch.Tensor) or leaf.numel() == 0:
                 continue

@@ -117,7 +117,7 @@ def setup(
     schedule = trainable.schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
         check_learning_rate(schedule, t, lr)
-    _checks.check_initial_state(trainable.within(state, checks.bound), state, checks.bound)
+    _checks.check_initial_state(trainable.within(state, checks.bound), trainable.checked(state), checks.bound)
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
     source = _positioned(source, first, history)

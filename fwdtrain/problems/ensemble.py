@@ -389,8 +389,8 @@ class Ensemble(Trainable):
 
     # ---- the loop's member hooks ----
     def within(self, state: State, bound: float | None = None) -> torch.Tensor:
-        """(E,) bool: member e's x, x_tilde and theta finite (and |.| <= bound when given)."""
-        parts = [_per_member(leaf) for leaf in leaves((state.x, state.x_tilde, state.theta)) if leaf[0].numel()]
+        """(E,) bool: member e's ``checked`` parts finite (and |.| <= bound when given)."""
+        parts = [_per_member(leaf) for leaf in leaves(tuple(self.checked(state).values())) if leaf[0].numel()]
         peak = torch.stack(parts).amax(0)
         return torch.isfinite(peak) if bound is None else peak <= bound  # NaN compares False
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from ..core._tree import leaves, peak, tree_map
+from ..core._tree import tree_map
 from ..core.evaluate import frozen_step
 from ..core.problem import SDE
 from ..core.solvers import EULER, Solver
@@ -89,10 +89,9 @@ class FrozenCost(Trainable):
     def record(self, state: FrozenPaths) -> Any:
         return ()
 
-    def within(self, state: FrozenPaths, bound: float | None) -> torch.Tensor:
-        """0-d bool: x, the sums and theta all finite (and |.| <= bound when given)."""
-        largest = peak(leaves((state.x, state.sums, state.theta)))
-        return torch.isfinite(largest) if bound is None else largest <= bound
+    def checked(self, state: FrozenPaths) -> dict[str, Any]:
+        """x, the sums and theta (there is no sensitivity)."""
+        return {"x": state.x, "sums": state.sums, "theta": state.theta}
 
 
 __all__ = ["FrozenCost", "FrozenPaths"]

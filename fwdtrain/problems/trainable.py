@@ -155,9 +155,13 @@ class Trainable(abc.ABC):
         return source.copy().expect(shape, dtype, device)
 
     # ---- a problem made of independent members (an ensemble) overrides these ----
+    def checked(self, state: AnyState) -> dict[str, Any]:
+        """The parts of the state the divergence check reads, by name: x, x_tilde and theta."""
+        return {"x": state.x, "x_tilde": state.x_tilde, "theta": state.theta}
+
     def within(self, state: AnyState, bound: float | None) -> torch.Tensor:
-        """0-d bool: x, x_tilde and theta all finite (and |.| <= bound when given); one reduction."""
-        largest = peak(leaves((state.x, state.x_tilde, state.theta)))
+        """0-d bool: the ``checked`` parts all finite (and |.| <= bound when given); one reduction."""
+        largest = peak(leaves(tuple(self.checked(state).values())))
         return torch.isfinite(largest) if bound is None else largest <= bound  # NaN compares False
 
     def freeze(self, good: AnyState, new: AnyState, running: torch.Tensor) -> AnyState:
