@@ -84,7 +84,7 @@ def diverged(**options) -> ft.DivergenceError:
 def test_a_block_that_diverges_stops_at_that_step_and_keeps_the_one_before(monkeypatch):
     counted = calls(monkeypatch)
     fast = diverged(compile=ft.Compile(True, chunk=64))
-    assert counted["kernel"] == 2  # the block, then the block again up to its last good step
+    assert counted["kernel"] == 1  # the block, which hands back its carry at the last passed check
     eager = diverged(compile=False)
     assert fast.last_finite_step == fast.step - 1 and fast.history.steps == fast.step - 1
     assert (fast.step, fast.last_finite_step) == (eager.step, eager.last_finite_step)
@@ -153,7 +153,7 @@ def test_auto_steps_its_blocks_compiled_from_the_step_after_its_counted_one(monk
 
 def test_the_block_loop_module_run_eagerly_is_run_block():
     """``graphs.BlockLoop`` (what AOTInductor compiles), run eagerly with plain functions, gives ``run_block``: the
-    steps to the last passed check, the records on the grid, the carry there."""
+    steps to the last passed check, the records on the grid, the carry there (also where a later check failed)."""
 
     def body(x, total, dw, alive):
         new = x + dw
@@ -173,6 +173,7 @@ def test_the_block_loop_module_run_eagerly_is_run_block():
         flat = module(*(torch.tensor(v) for v in grids), torch.tensor(True), dw, x, total)
         want = graphs.run_block(body, check, observe, 5, grids, (dw,), torch.tensor(True), (x, total))
         assert int(flat[0]) == int(want.done) and bool(flat[1]) == bool(want.ok) and int(flat[2]) == int(want.rows)
+        assert all(torch.equal(got, kept) for got, kept in zip(flat[3:5], want.carry, strict=True))  # the last good
         rows = int(want.rows) + 1  # the row after the last kept one is written too (the failed stage's)
         for got, expected in zip(flat[5:], want.tables, strict=True):
             assert torch.equal(got[:rows], expected[:rows])

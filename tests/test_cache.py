@@ -13,7 +13,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli
-from fwdtrain.compile import cache, kernels
+from fwdtrain.compile import cache
 
 HOUR = 3600.0
 
@@ -199,7 +199,7 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
     options = ft.Compile(True, verify=False)
 
     def build(fn, key):
-        kernels.clear()
+        cache.forget_kernels()
         return ft.compile.function_kernel(fn, (x,), key=key, options=options)(x)
 
     build(lambda x: x * 2, "first")
@@ -211,7 +211,7 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
     os.utime(cache.cache_dir() / "kernels" / second, (old, old))
     build(lambda x: x + x, "second")  # loaded from disk, not compiled
     assert time.time() - (cache.cache_dir() / "kernels" / second).stat().st_mtime < 60
-    kernels.clear()
+    cache.forget_kernels()
 
 
 @pytest.mark.slow
@@ -219,11 +219,11 @@ def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
     """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: only the newest stays."""
     monkeypatch.setenv(cache.LIMIT_ENV, "1")
     ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=2)
-    kernels.clear()
+    cache.forget_kernels()
     for particles in (2, 3):  # another shape: another kernel
         state = ft.init(ex.sde, ex.theta, torch.zeros(particles, 1, dtype=torch.float64))
         ft.run(ex.sde, state, 8, 0.01, ex.lr, 1, compile=True)
         newest = max((cache.cache_dir() / "kernels").glob("*.pt2"), key=lambda path: path.stat().st_mtime_ns)
         assert on_disk() == [newest.name]
     assert cache.usage().packages == 1
-    kernels.clear()
+    cache.forget_kernels()

@@ -147,14 +147,14 @@ def test_a_corrupt_package_is_set_aside_with_one_warning_and_rebuilt(tmp_path, m
     monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ft._compat, "aot_compile", fake_compile)
     monkeypatch.setattr(ft._compat, "aot_load", fake_load)
-    kernels.clear()
+    cache.forget_kernels()
     fn = lambda x: x * 2
     x = torch.arange(3.0, dtype=torch.float64)
     kernel = ft.compile.function_kernel(fn, (x,), key="doubling", options=ft.Compile(True))
     assert torch.equal(kernel(x), x * 2) and len(built) == 1
     (path,) = list((tmp_path / "kernels").glob("*.pt2"))
     path.write_bytes(b"garbage")
-    kernels.clear()
+    cache.forget_kernels()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = ft.compile.function_kernel(fn, (x,), key="doubling", options=ft.Compile(True))
@@ -162,7 +162,7 @@ def test_a_corrupt_package_is_set_aside_with_one_warning_and_rebuilt(tmp_path, m
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and "could not be loaded" in messages[0] and "\n" not in messages[0]
     assert len(built) == 2 and path.read_bytes() == b"compiled"
-    kernels.clear()
+    cache.forget_kernels()
 
 
 def _failing_backend(graph_module, example_inputs):
@@ -178,7 +178,7 @@ def test_when_every_route_fails_the_step_runs_eagerly_after_one_warning_line(cap
         raise RuntimeError("AOTInductor is not available here")
 
     monkeypatch.setattr(ft._compat, "aot_compile", no_aot)
-    kernels.clear()
+    cache.forget_kernels()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, _ = ft.run(ex.sde, state, 7, DT, 0.3, 3, compile=ft.Compile(True, backend=_failing_backend))
@@ -191,7 +191,7 @@ def test_when_every_route_fails_the_step_runs_eagerly_after_one_warning_line(cap
     eager, _ = ft.run(ex.sde, state, 7, DT, 0.3, 3, compile=False)
     assert_trees_close(out, eager)
     assert logging.getLogger("torch").level != logging.CRITICAL + 1  # levels restored
-    kernels.clear()
+    cache.forget_kernels()
 
 
 @pytest.mark.slow
@@ -425,3 +425,11 @@ def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was(
     assert [b.numel() for b in buffers] == [7, 1, 10]
     for got, want in zip(packing.unpack(buffers), leaves_, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_the_renamed_clear_says_its_new_name():
+    """0.5 renamed ``fwdtrain.compile.clear`` (forget this process's kernels): "clear" empties the folder on disk."""
+    with pytest.raises(AttributeError, match=r"forget_kernels\(\) since 0.5"):
+        ft.compile.clear()
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        ft.compile.nothing  # noqa: B018

@@ -7,8 +7,14 @@
 - ``route``: what ``compile="auto"`` chooses, by a stated rule of the counted step, the steps and the cache.
 """
 
-from .cache import cache_dir
-from .kernels import block_kernel, clear, counts, function_kernel
+from .cache import cache_dir, forget_kernels
+from .kernels import block_kernel, counts, function_kernel
 from .options import Compile
 
-__all__ = ["Compile", "block_kernel", "cache_dir", "clear", "counts", "function_kernel"]
+__all__ = ["Compile", "block_kernel", "cache_dir", "counts", "forget_kernels", "function_kernel"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "clear":  # renamed in 0.5: "clear" is cache.clear, the folder on disk
+        raise AttributeError("fwdtrain.compile.clear() is fwdtrain.compile.forget_kernels() since 0.5")
+    raise AttributeError(f"module 'fwdtrain.compile' has no attribute {name!r}")

@@ -1,25 +1,13 @@
-"""Where compiled kernels live on disk, and how they are named so that a stale one never runs.
+"""Where compiled kernels live on disk, how they are named so that a stale one never runs, and their cap.
 
-``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fwdtrain``, ``~/.cache/fwdtrain``)
-holds:
-
-- ``kernels/<key>.pt2``: AOTInductor packages, one per traced graph. The key is a SHA-256 over
-  everything the compiled code depends on (``kernel_key``): the traced ATen graph itself and the
-  bytes of every constant it holds (the user's closed-over tensors), the inputs' shapes, strides,
-  dtypes and devices, the torch version, the CPU's instruction set, the compiler options and
-  fwdtrain's kernel format. Anything that changes the graph changes the key.
-- ``inductor/``: inductor's own caches (FX graphs, the instruction-set probe's builds) and, with
-  ``isa.json``, the probe's result, so that a later process skips the probe.
-- ``routes/<signature>``: empty markers, one per step whose kernel a ``compile="auto"`` run built
-  (``fwdtrain.compile.route``): the rule reads them as "this step's kernel is on disk".
-
-A package is written to a temporary file and renamed, so a crash never leaves half a kernel.
-
-The packages are capped (``limit_bytes``: ``$FWDTRAIN_CACHE_LIMIT``, else ``DEFAULT_LIMIT_BYTES``): a load
-marks its package as used (``touch``: its modification time set to now), and after each package written
-``prune`` removes the least recently used others until the packages' total is within the cap; the one just
-written is always kept. The same scan removes ``.tmp-*`` files older than an hour (a crashed compile's) and
-``*.rejected`` packages. ``inductor/`` is not capped; ``clear`` empties it with the kernels.
+``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fwdtrain``, ``~/.cache/fwdtrain``) holds
+``kernels/<key>.pt2`` (AOTInductor packages; the key hashes everything the compiled code depends on,
+``kernel_key``), ``inductor/`` (inductor's own caches) and ``routes/`` (``fwdtrain.compile.route``'s markers).
+A package is written to a temporary file and renamed, so a crash never leaves half a kernel. The packages are
+capped (``limit_bytes``): a load marks its package used (``touch``), and after each package written ``prune``
+removes the least recently used others until the total is within the cap. The performance guide's "Where
+compiled kernels go" says the same for a user. This module also holds the process's kernels and counts: the
+engine's only module-global state.
 """
 
 from __future__ import annotations
@@ -30,6 +18,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -74,11 +63,6 @@ def prepared_steps(problem: Any) -> dict[Hashable, Any]:
     """The prepared steps (``fwdtrain.jit_step``) of ``problem`` in this process, by options: kept as long as the
     problem lives."""
     return _prepared.setdefault(problem, {})
-
-
-def known_prepared_steps(problem: Any) -> dict[Hashable, Any] | None:
-    """``prepared_steps(problem)`` where some were prepared, else None (nothing is made)."""
-    return _prepared.get(problem)
 
 
 def forget_kernels() -> None:
@@ -126,7 +110,9 @@ def kernel_key(
     options: dict[str, Any],
     kind: str,
 ) -> str:
-    """SHA-256 (hex) of everything a compiled graph depends on (see the module docstring)."""
+    """SHA-256 (hex) of everything a compiled graph depends on: its ATen code and the bytes of every constant it
+    holds (the user's closed-over tensors), the inputs' shapes, strides, dtypes and devices, the compiler options,
+    ``kind``, the torch version, the CPU's instruction set (``machine``) and fwdtrain's kernel ``FORMAT``."""
     digest = hashlib.sha256()
     digest.update(f"fwdtrain-kernel {FORMAT} {kind} torch {torch.__version__} {machine()}\n".encode())
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
@@ -297,27 +283,12 @@ def usage() -> Usage:
 
 
 def clear() -> Usage:
-    """Remove every package and inductor's caches and the route markers (``kernels/``, ``inductor/`` and
-    ``routes/``); what this call removed (a file another process removed first is not counted). Not
-    while a process of this cache is compiling: its compile would fail."""
-    removed = [0, 0, 0]  # packages, their bytes (with leftovers of kernels/), inductor's bytes
-    for which, folder in ((1, cache_dir() / "kernels"), (2, cache_dir() / "inductor"), (2, cache_dir() / "routes")):
-        for root, folders, files in os.walk(folder, topdown=False):
-            links = [name for name in folders if os.path.islink(os.path.join(root, name))]
-            for name in files + links:
-                path = os.path.join(root, name)
-                try:
-                    size = os.lstat(path).st_size
-                except OSError:
-                    continue
-                if _unlink(path, 1):
-                    removed[which] += size
-                    if which == 1 and name.endswith(".pt2") and not name.startswith(".tmp-"):
-                        removed[0] += 1
-            for name in set(folders) - set(links):
-                _rmdir(os.path.join(root, name))
-        _rmdir(str(folder))
-    return Usage(*removed)
+    """Empty ``kernels/``, ``inductor/`` and ``routes/`` (the packages, inductor's caches, the route markers);
+    ``usage()`` as it was before. Not while a process of this cache is compiling: its compile would fail."""
+    before = usage()
+    for folder in ("kernels", "inductor", "routes"):
+        shutil.rmtree(cache_dir() / folder, ignore_errors=True)
+    return before
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -332,13 +303,6 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
-def _rmdir(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 __all__ = [
     "CACHE_ENV",
     "DEFAULT_LIMIT_BYTES",
@@ -351,6 +315,7 @@ __all__ = [
     "Usage",
     "cache_dir",
     "clear",
+    "forget_kernels",
     "format_size",
     "kernel_key",
     "limit_bytes",

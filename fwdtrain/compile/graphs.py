@@ -120,9 +120,8 @@ class Packing(NamedTuple):
 
 class BlockOut(NamedTuple):
     """What a block returns: ``done`` steps known good (to the last passed check), ``ok`` (False: the check after
-    them failed), ``rows`` records taken, the ``carry`` (after ``done`` steps eagerly; compiled, junk where a
-    check failed) and the records' ``tables`` (one (capacity, size) table per dtype of the observation's leaves,
-    ``Packing``; rows past ``rows`` unused)."""
+    them failed), ``rows`` records taken, the ``carry`` after ``done`` steps and the records' ``tables`` (one
+    (capacity, size) table per dtype of the observation's leaves, ``Packing``; rows past ``rows`` unused)."""
 
     done: torch.Tensor
     ok: torch.Tensor
@@ -253,7 +252,8 @@ class BlockLoop(torch.nn.Module):
                 for table, value in zip(buffers[width:], row, strict=True)
             )
             recorded = ok & ((n0 + stop) % every == 0)
-            return (j + recorded.to(j.dtype), torch.where(ok, stop, i), ok.clone(), *state, *tables)
+            kept = [torch.where(ok, new, old) for new, old in zip(state, buffers[:width], strict=True)]
+            return (j + recorded.to(j.dtype), torch.where(ok, stop, i), ok.clone(), *kept, *tables)
 
         zero = torch.zeros((), dtype=torch.int64, device=count.device)
         tables = tuple(
@@ -274,14 +274,10 @@ class BlockLoop(torch.nn.Module):
         )
 
 
+@functools.cache
 def loop_code() -> str:
     """A digest of the code that wraps a traced step into its block (``BlockLoop``, ``Packing``): part of every block
     kernel's key, so that a package built by another version of the wrapper is never loaded."""
-    return _loop_code()
-
-
-@functools.cache
-def _loop_code() -> str:
     source = inspect.getsource(BlockLoop) + inspect.getsource(Packing)
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 

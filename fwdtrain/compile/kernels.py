@@ -1,27 +1,12 @@
 """Compiled kernels: a pure function made fast, built once per process and kept on disk for the next.
 
-``Kernel`` computes exactly what its eager meaning computes (to rounding); two are built:
-
-- ``block_kernel(body, observe, ...)``: ``graphs.run_block``, a block of checked steps with its records, as
-  one call of ``graphs.BlockLoop``;
-- ``function_kernel(fn, args)``: ``fn(*args)`` in one call (the public ``step``, the halves of a step
-  around a gradient hook).
-
-Routes, tried in this order (``Compile.route``):
-
-1. ``"aot"``: the function traced once with ``make_fx`` (``graphs.trace``), keyed by that graph
-   (``cache.kernel_key``), loaded from ``cache_dir()/kernels`` when a package of that key exists,
-   else compiled by AOTInductor into one (``_compat.aot_compile``) and loaded by the C++ loader.
-   A package loaded from disk is checked against the eager meaning on its first call (``Compile.verify``);
-   a package that cannot be loaded or fails the check is set aside with a one-line warning and rebuilt.
-2. ``"dynamo"``: ``torch.compile`` of the step (the loop in Python between steps), when the first
-   route fails; a one-line warning says why.
-3. eager: when compilation fails altogether (one warning line, as for the others).
-
-Kernels are cached in the process by the caller's key and the inputs' shapes, dtypes and devices
-(``cache.kernel``), so a second ``run`` call, a resumed run or a continued segment never traces or
-compiles again. ``counts()`` tells how many traces, compiles and loads a process made (tests count
-these events, never seconds).
+A ``Kernel`` computes what its eager meaning computes (to rounding): ``block_kernel`` a block of checked steps
+with its records (``graphs.run_block``), ``function_kernel`` one function (the public ``step``, the halves of
+a step around a gradient hook). Its routes, in order: ``"aot"``, the function traced once (``graphs.trace``)
+and compiled by AOTInductor into a package keyed by that graph (``cache.kernel_key``), loaded from disk when
+there (and checked once against the eager meaning, ``Compile.verify``; set aside and rebuilt if off); else
+``"dynamo"``, ``torch.compile`` of the step; else eager. Each fallback says why in one warning line.
+``counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
 """
 
 from __future__ import annotations
@@ -38,6 +23,7 @@ import optree
 import torch
 
 from .. import _compat
+from ..core._tree import leaves
 from . import cache, graphs
 from .options import Compile
 
@@ -62,20 +48,11 @@ def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
     return traced
 
 
-def clear() -> None:
-    """Forget the kernels built in this process (the packages on disk stay)."""
-    cache.forget_kernels()
-
-
 def _signature(tree: Any) -> tuple:
     return tuple(
         (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else (type(t).__name__, t)
         for t in optree.tree_leaves(tree)
     )
-
-
-def _leaves(tree: Any) -> list[torch.Tensor]:
-    return optree.tree_leaves(tree)
 
 
 def _concrete(tree: Any) -> bool:
@@ -272,7 +249,6 @@ class Kernel:
         self.compiled: Callable | None = None
         self.out_spec: Any = None
         self.checked = not options.verify
-        self._scalars: dict[tuple[str, int], torch.Tensor] = {}
         if options.route == "aot":
             try:
                 self.package, self.out_spec = trace(*args)
@@ -290,16 +266,6 @@ class Kernel:
     @property
     def route(self) -> str:
         return "aot" if self.package is not None else "dynamo"
-
-    def scalar(self, role: str, value: int) -> torch.Tensor:
-        """The 0-d int64 tensor ``value`` for ``role`` ("count", "start", ...), made once per kernel (the kernel only
-        reads it; each role its own tensor, as export would alias equal ones)."""
-        key = (role, value)
-        if key not in self._scalars:
-            if len(self._scalars) > 1 << 12:
-                self._scalars.clear()
-            self._scalars[key] = torch.tensor(value, dtype=torch.int64)
-        return self._scalars[key]
 
     def _fall_back(self, error: BaseException) -> None:
         cache.count(fallbacks=1)
@@ -322,7 +288,7 @@ class Kernel:
             self.checked = True
             if self.package.loaded_from_disk:
                 short = self.probe(args)
-                if not _close(run(self.package.fits(_leaves(short))), optree.tree_leaves(self.fn(*short))):
+                if not _close(run(self.package.fits(leaves(short))), leaves(self.fn(*short))):
                     _warn(
                         f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
                         f"rebuilding it"
@@ -336,7 +302,7 @@ class Kernel:
             return self.fn(*args)
         run = self._checked_run(args)
         if run is not None and self.package is not None:
-            return optree.tree_unflatten(self.out_spec, run(self.package.fits(_leaves(args))))
+            return optree.tree_unflatten(self.out_spec, run(self.package.fits(leaves(args))))
         assert self.compiled is not None
         return self.compiled(*args)
 
@@ -418,7 +384,7 @@ def block_kernel(
             _simplified(graphs.trace(check, (*carry, alive)), unfold=True),
             _simplified(graphs.trace(observe, carry), unfold=True),
         ]
-        example = [leaf.clone() for leaf in _leaves(args)]  # one object per input: export would alias shared ones
+        example = [leaf.clone() for leaf in leaves(args)]  # one object per input: export would alias shared ones
         values = inductor_options(carry)
         kernel_key = cache.kernel_key(
             "".join(t.graph.code for t in traced),
@@ -455,7 +421,7 @@ def function_kernel(
 
     def trace(*example_args: Any) -> tuple[_Package, Any]:
         traced = _simplified(graphs.trace(fn, example_args))
-        example: list[torch.Tensor] = _leaves(example_args)
+        example: list[torch.Tensor] = leaves(example_args)
         values = inductor_options(example_args)
         kernel_key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
         return _Package(traced.graph, example, kernel_key, values, traced.nodes), traced.out_spec
@@ -468,7 +434,6 @@ __all__ = [
     "SINGLE_THREAD_BELOW",
     "Kernel",
     "block_kernel",
-    "clear",
     "counts",
     "function_kernel",
     "inductor_options",

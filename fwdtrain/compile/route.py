@@ -13,18 +13,11 @@ measured once on a 2-core CPU (``benchmarks/bench_route.py`` measures them again
         history) and the steps earlier "auto" runs of this step kept eager in this cache (``eager_spent``)
 
 and the run compiles iff S (E - K) > C. Nothing else counts: the same call on the same machine and cache
-takes the same route, whatever the process ran before. ``S`` weighs the steps a continued run has taken,
-because a run continued in segments (``run(problem, previous_run, 250, ...)`` in a loop) is usually a
-long training: it compiles once it has spent about C / CONTINUED_WEIGHT eagerly, so when it goes on it
-takes at most about 1 + 1 / CONTINUED_WEIGHT times ``compile=True``; a run stopped soon after that pays for
-a compile it did not need (no rule can know when a run will stop). A short job launched again and again
-(the same step in the same cache) compiles once the eager steps its launches spent would have paid for the
-compile (the ski-rental rule: never much more than twice the better choice in hindsight), and loads its
-kernel after.
-
-"A kernel of this step is on disk" is read from a marker that a compiled run leaves in the cache
-(``routes/<signature>``): the signature hashes the counted step's calls and shapes, dt, the options,
-the torch version and the CPU (``cache.machine``).
+takes the same route, whatever the process ran before. A run continued in segments thus compiles once it
+has spent about C / CONTINUED_WEIGHT eagerly, and a job launched again and again once its launches' eager
+steps would have paid for the compile (ski rental). "A kernel of this step is on disk" is a marker a compiled
+run leaves (``routes/<signature>``: the counted step's calls and shapes, dt, the options, torch, the CPU). The
+performance guide states the rule for a user, with what it costs.
 """
 
 from __future__ import annotations

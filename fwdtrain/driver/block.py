@@ -66,15 +66,13 @@ class Stepping(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """A block's result: the ``carry`` after the steps known good, to its last passed check (``exact``: False
-    where a failed check left the carry past them: the caller steps again to them), ``ok`` (False: a check after
-    them failed, at one of the following steps), the ``records`` of its steps on the record grid (a dict of
+    """A block's result: the ``carry`` after the steps known good, to its last passed check, ``ok`` (False: a check
+    after them failed, at one of the following steps), the ``records`` of its steps on the record grid (a dict of
     stacked leaves, or None), and ``bad_rate``: the step whose state's learning rate is not a finite number
     >= 0, where the block stopped before it (None: none)."""
 
     carry: Carry
     ok: bool
-    exact: bool
     records: dict[str, Any] | None
     bad_rate: int | None = None
 
@@ -269,10 +267,8 @@ class Block:
         count = count if bad_rate is None else bad_rate - carry.n - 1
         blocks, flat = self._blocks(dw, start, count, alphas), tuple(self._flat(carry))
         if self.kernel is not None:
-            k = self.kernel
-            grids = [k.scalar(role, v) for role, v in (("count", count), ("start", start))]
-            n0 = torch.tensor(carry.n, dtype=torch.int64)
-            out = k(*grids, n0, k.scalar("every", self.every), k.scalar("check", self.check_every), alive, blocks, flat)
+            grids = [torch.tensor(v) for v in (count, start, carry.n, self.every, self.check_every)]
+            out = self.kernel(*grids, alive, blocks, flat)
         else:
             at = graphs.Grids(count, start, carry.n, self.every, self.check_every)
             out = graphs.run_block(self.body, self.check, self.observe, self.capacity, at, blocks, alive, flat)
@@ -284,7 +280,7 @@ class Block:
             own = torch.contiguous_format  # its own memory, strides of its own shape (a size-1 axis too)
             leaves = [leaf[:rows].clone(memory_format=own) for leaf in self.seen.unpack(tuple(out.tables))]
             records = optree.tree_unflatten(self.seen_spec, leaves)
-        return Outcome(Carry(state, carry.n + done, total, info), ok, self.kernel is None, records, bad_rate)
+        return Outcome(Carry(state, carry.n + done, total, info), ok, records, bad_rate)
 
 
 def _by_value(fn: Callable[..., Any]) -> Any:

@@ -363,14 +363,9 @@ class Loop:
 
     def _settle(self, out: Outcome, dw: torch.Tensor, i: int) -> None:
         """Keep a block's records and carry; where a check failed, step from the last passed check to the step that
-        failed (stepping the block again to the check where its carry went past it) and raise or, with members,
-        freeze those that failed there; where the block stopped before a bad learning rate, raise."""
-        assert self.block is not None
+        failed and raise or, with members, freeze those that failed there; where the block stopped before a bad
+        learning rate, raise."""
         start = self.carry
-        if not out.ok and not out.exact:  # step the block again to its last passed check
-            done = out.carry.n - start.n
-            again = self.block(start, dw, i, done, self.alive) if done else Outcome(start, True, True, None)
-            out = out._replace(carry=again.carry, records=again.records)
         if out.records is not None:
             self._take_records(start.n, out.records)
         self._keep(out.carry)

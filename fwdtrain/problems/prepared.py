@@ -231,9 +231,9 @@ def jit_step(
             a call, as ``fwdtrain.step``.
     """
     given = (solver, optimizer, mode, compile, type(compile))  # the type: compile=1 is not compile=True
-    known = cache.known_prepared_steps(sde) if isinstance(sde, SDE) else None
-    if known is not None and _hashable(given) and given in known:  # a repeated call: no option rebuilt
-        return known[given]
+    jitted = cache.prepared_steps(sde) if isinstance(sde, SDE) else {}
+    if _hashable(given) and given in jitted:  # a repeated call: no option rebuilt
+        return jitted[given]
     if not isinstance(sde, SDE):
         raise TypeError(f"step(sde, ...) expects a fwdtrain.SDE or ControlledSDE, got {type(sde).__name__}")
     if mode not in MODES:
@@ -248,7 +248,6 @@ def jit_step(
     if compiling.enabled == "auto":
         raise ValueError('jit_step(compile="auto") is not a choice for one step: pass True, False or a Compile')
     options = (solver, optimizer, mode, compiling)
-    jitted = cache.prepared_steps(sde)
     if options not in jitted:
         jitted[options] = JitStep(CostForm(sde, solver, optimizer), mode, compiling)
     if _hashable(given):
