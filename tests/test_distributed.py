@@ -160,8 +160,8 @@ def _outcome(fn, woke: str | None = None):
 
 
 def _failures_worker():
-    """Four faults in turn in one group (theta mismatch, bad input, an exception, NaN on rank 1): the group
-    stays usable after each, so no collective was left unmatched."""
+    """Five faults in turn in one group (theta mismatch, bad input, an exception, NaN on rank 1, an exception in
+    "auto"'s counted first step): the group stays usable after each, so no collective was left unmatched."""
     outcomes = {}
     ex, sde = _faulty_problem(None)
     theta = dict(ex.theta)
@@ -175,6 +175,9 @@ def _failures_worker():
         ex, sde = _faulty_problem(action)
         state = ft.init(sde, ex.theta, ex.x0, particles=2)
         outcomes[action] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5)))
+    ex, sde = _faulty_problem("raise", after=4)  # in compile="auto"'s counted first step, before the route is agreed
+    state = ft.init(sde, ex.theta, ex.x0, particles=2)
+    outcomes["counted"] = _outcome(lambda: D.distributed_run(sde, state, 30, DT, LR, seed=SEED, checks=ft.Checks(5)))
     # the small collectives
     outcomes["broadcast"] = D.broadcast({"a": torch.full((2,), float(D.rank()))})["a"].tolist()
     outcomes["mean"] = D.group_mean(torch.tensor([float(D.rank())]), weight=D.rank() + 1).item()
@@ -374,6 +377,13 @@ def test_failures_stop_every_rank_with_a_clear_error():
             assert raised["type"] == "GroupError" and raised["reason"] == "failed"
             assert raised["ranks"] == (1,) and "rank 1 raised" in raised["message"]
             assert raised["step"] == 5 and raised["has_state"]
+
+        counted = out["counted"]  # the others finish the counted step, agree on the route and stop at the check
+        if r == 1:
+            assert counted["type"] == "ValueError" and "on purpose" in counted["message"]
+        else:
+            assert counted["type"] == "GroupError" and counted["reason"] == "failed", counted["message"]
+            assert counted["ranks"] == (1,) and counted["step"] == 5 and counted["has_state"]
 
         nan = out["nan"]
         assert nan["type"] == "GroupError" and nan["reason"] == "non-finite" and nan["step"] == 5

@@ -110,6 +110,10 @@ class GroupHook(Hook):
         stop = loop.next_event(loop.carry.n, record_hooks_only=True)
         zeros = tree_map(torch.zeros_like, loop.carry.state.theta)
         try:
+            if loop.route is None:  # failed in "auto"'s counted step: the others finish it and agree on the route
+                while self.gradient.calls < loop.carry.n + 1:
+                    self.gradient(zeros)
+                self.agree(False)
             while self.gradient.calls < stop:  # the gradient collectives the other ranks make until their check
                 self.gradient(zeros)
             self._agree(loop, code, error, at=stop)  # the others check at this step: report there
