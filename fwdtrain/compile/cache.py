@@ -283,12 +283,13 @@ def usage() -> Usage:
 
 
 def clear() -> Usage:
-    """Empty ``kernels/``, ``inductor/`` and ``routes/`` (the packages, inductor's caches, the route markers);
-    ``usage()`` as it was before. Not while a process of this cache is compiling: its compile would fail."""
+    """Empty ``kernels/``, ``inductor/`` and ``routes/`` (the packages, inductor's caches, the route markers); what
+    went, as ``usage()`` before less after (a file that cannot be removed stays and is not counted). Not while a
+    process of this cache is compiling: its compile would fail."""
     before = usage()
     for folder in ("kernels", "inductor", "routes"):
         shutil.rmtree(cache_dir() / folder, ignore_errors=True)
-    return before
+    return Usage(*(was - left for was, left in zip(before, usage(), strict=True)))
 
 
 def _folder_bytes(folder: Path) -> int:
