@@ -110,7 +110,7 @@ class GroupHook(Hook):
         stop = loop.next_event(loop.carry.n, record_hooks_only=True)
         zeros = tree_map(torch.zeros_like, loop.carry.state.theta)
         try:
-            if loop.route is None:  # failed in "auto"'s counted step: the others finish it and agree on the route
+            if loop.route is None:  # failed in "auto"'s counted step: its collective and the route's, as the others
                 while self.gradient.calls < loop.carry.n + 1:
                     self.gradient(zeros)
                 self.agree(False)
