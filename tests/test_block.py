@@ -151,9 +151,11 @@ def test_auto_steps_its_blocks_compiled_from_the_step_after_its_counted_one(monk
     torch.testing.assert_close(result.state.theta, compiled.state.theta, rtol=1e-5, atol=1e-6)
 
 
-def test_the_block_loop_module_run_eagerly_is_run_block():
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_the_block_loop_module_run_eagerly_is_run_block(unroll):
     """``graphs.BlockLoop`` (what AOTInductor compiles), run eagerly with plain functions, gives ``run_block``: the
-    steps to the last passed check, the records on the grid, the carry there (also where a later check failed)."""
+    steps to the last passed check, the records on the grid, the carry there (also where a later check failed),
+    with its steps one at a time or ``unroll`` at a time."""
 
     def body(x, total, dw, alive):
         new = x + dw
@@ -169,7 +171,7 @@ def test_the_block_loop_module_run_eagerly_is_run_block():
     dw = torch.ones(16, 3, dtype=torch.float64)
     for check_every in (4, 2):
         grids = graphs.Grids(9, 2, 5, 3, check_every)  # steps 6 .. 14 from n0 = 5, records at 6, 9, 12
-        module = graphs.BlockLoop(body, check, observe, 1, capacity=5)
+        module = graphs.BlockLoop(body, check, observe, 1, capacity=5, unroll=unroll)
         flat = module(*(torch.tensor(v) for v in grids), torch.tensor(True), dw, x, total)
         want = graphs.run_block(body, check, observe, 5, grids, (dw,), torch.tensor(True), (x, total))
         assert int(flat[0]) == int(want.done) and bool(flat[1]) == bool(want.ok) and int(flat[2]) == int(want.rows)
