@@ -98,6 +98,33 @@ def test_a_block_that_diverges_stops_at_that_step_and_keeps_the_one_before(monke
     assert not bool(torch.isfinite(after.x).all())
 
 
+def test_a_failed_stage_that_the_eager_steps_pass_goes_on_from_them(monkeypatch):
+    """A compiled stage may blow up where the eager steps, which differ from it by rounding, do not (a run at the
+    edge of diverging parts ways): the loop steps the stage again eagerly, and where every step passes, the run
+    goes on from there, its record taken, as if the stage had passed. Here the first block says it failed at once."""
+    from fwdtrain.driver import block
+
+    original, said = block.Block.__call__, []
+
+    def fails_first(self, carry, dw, start, count, alive):
+        if not said:
+            said.append(carry.n)
+            return block.Outcome(carry, False, None)
+        return original(self, carry, dw, start, count, alive)
+
+    sde, state = seed_problem()
+    options = {"save": ft.SaveAt(20), "checks": ft.Checks(30), "compile": False}
+    want = ft.run(sde, state, 100, 0.01, 0.3, 0, **options)
+    monkeypatch.setattr(block.Block, "__call__", fails_first)
+    got = ft.run(sde, state, 100, 0.01, 0.3, 0, **options)
+    assert said == [0]
+    assert got.history.step.tolist() == want.history.step.tolist() == [20, 40, 60, 80, 100]
+    for name in ("t", "cost", "average_cost", "grad_norm"):
+        torch.testing.assert_close(getattr(got.history, name), getattr(want.history, name), rtol=1e-6, atol=1e-9)
+    for a, b in zip(ft.core._tree.leaves(got.state), ft.core._tree.leaves(want.state), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_learning_rate_that_turns_infinite_mid_block_raises_at_the_step_that_reaches_it(monkeypatch):
     sde, state = seed_problem()
 

@@ -8,9 +8,11 @@ Per step k of the block (n = n0 + k + 1 the step count it makes):
 and at the end of each stage (the next step on the ``Checks`` grid or the ``SaveAt`` grid, or the block's
 end) the check, x, x_tilde and theta finite (and |.| <= bound), and, on the record grid, the record
 ``observe(state_n, total_n, info_n)``. A failed check ends the block: the loop keeps the carry of the last
-passed check and steps from it one step at a time, checking each, to the step that failed
+passed check and steps the failed stage from it one step at a time, checking each, to the step that failed
 (``Block.step_eagerly``), so an error names its step and keeps the state before it, as if every step were
-checked, at the cost of a few reductions per stage. The learning rates enter as a table, alpha(t_k) of the
+checked, at the cost of a few reductions per stage. (Where those eager steps pass the whole stage, a compiled
+stage blew up where steps that differ from it by rounding do not, as a run at the edge of diverging may: the
+run goes on from them.) The learning rates enter as a table, alpha(t_k) of the
 block's clocks t_k (``clocks``: rounded as the step's own t + dt), checked before the block runs (a block
 stops before the first step whose state's rate is not a finite number >= 0); so one kernel serves every
 learning rate and schedule.
@@ -254,6 +256,10 @@ class Block:
         state, total, info = unpacked
         after = (Carry(state, carry.n + 1, total, info), bool(self.check(*out, alive)))
         return (after, cost) if count else after
+
+    def stage_stop(self, n0: int, done: int, count: int) -> int:
+        """Where the stage from step ``done`` of a block of ``count`` steps from step ``n0`` ends (``Grids.stop``)."""
+        return int(graphs.Grids(count, 0, n0, self.every, self.check_every).stop(done))
 
     def _flat(self, carry: Carry) -> list[torch.Tensor]:
         info = carry.info if carry.info is not None else zero_info(carry.state)

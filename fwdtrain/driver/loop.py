@@ -356,34 +356,41 @@ class Loop:
                 assert self.block is not None
                 if self.carry.n == first + i:
                     count = min(next_event - self.carry.n, len(dw) - i)
-                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i)
+                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i, count)
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
 
-    def _settle(self, out: Outcome, dw: torch.Tensor, i: int) -> None:
-        """Keep a block's records and carry; where a check failed, step from the last passed check to the step that
-        failed and raise or, with members, freeze those that failed there; where the block stopped before a bad
-        learning rate, raise."""
+    def _settle(self, out: Outcome, dw: torch.Tensor, i: int, count: int) -> None:
+        """Keep a block's records and carry (``count`` steps from row ``i`` of ``dw`` asked); where a check failed,
+        step the failed stage again from the last passed check and raise at the step that fails or, with members,
+        freeze those that failed there; where the block stopped before a bad learning rate, raise."""
         start = self.carry
         if out.records is not None:
             self._take_records(start.n, out.records)
         self._keep(out.carry)
+        if out.bad_rate is not None:
+            count = out.bad_rate - 1 - start.n  # the block stopped before it
         if not out.ok:
-            self._find_failure(dw, i + self.carry.n - start.n)
-        elif out.bad_rate is not None:
+            assert self.block is not None
+            done = self.carry.n - start.n
+            self._find_failure(dw, i + done, i + self.block.stage_stop(start.n, done, count))
+        if out.bad_rate is not None and self.carry.n == out.bad_rate - 1:
             raise self.bad_rate(out.bad_rate)
 
     def _keep(self, carry: Carry) -> None:
         self.carry = carry
         self.good = (carry, self.source.state_dict(carry.n))
 
-    def _find_failure(self, dw: torch.Tensor, row: int) -> None:
-        """From the last passed check (the carry, at ``row`` of ``dw``), one step at a time to the step whose check
-        fails: raise there with the state before it, or, with members, freeze those that failed and go on."""
+    def _find_failure(self, dw: torch.Tensor, row: int, end: int) -> None:
+        """The failed stage, rows ``row`` to ``end`` of ``dw``, stepped again from the last passed check (the carry),
+        one step at a time, eagerly: at the step whose check fails, raise with the state before it or, with
+        members, freeze those that failed and go on. Where every step passes (a compiled stage that blew up
+        where the eager steps, which differ by rounding, do not: a run at the edge of diverging parts ways), the
+        run goes on from the eager steps, the stage's record taken."""
         assert self.block is not None
-        while row < len(dw):
-            after, ok = self.block.step_eagerly(self.carry, dw[row], self.alive)
+        for index in range(row, end):
+            after, ok = self.block.step_eagerly(self.carry, dw[index], self.alive)
             if not ok:
                 if self.members is None:
                     raise self.diverged(after.n)
@@ -391,8 +398,8 @@ class Loop:
                 self._freeze(failed)
                 return
             self._keep(after)
-            row += 1
-        raise AssertionError("fwdtrain internal error: a block's failed check was not found again; please report it")
+        if self.carry.n % self.save.every == 0:
+            self.record_now()
 
     def _choose(self, dw: torch.Tensor) -> None:
         """``compile="auto"``: the route of the rule, from the history's counted step or from the run's first
@@ -415,7 +422,7 @@ class Loop:
         if taken is None:
             return
         if not ok:
-            self._find_failure(dw.unsqueeze(0), 0)
+            self._find_failure(dw.unsqueeze(0), 0, 1)
             return
         if not bool(_checks.good_rates(rates(self.stepping.schedule, taken.state.t, self.stepping.dt, 0)).all()):
             raise self.bad_rate(taken.n)
