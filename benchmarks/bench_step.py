@@ -49,7 +49,7 @@ class Variant(NamedTuple):
     steps: int
     particles: int
     first_s: float | None  # the first segment (compile, or trace and load)
-    ops: int | None = None  # the traced kernels' ATen calls
+    ops: tuple[int, int] | None = None  # the traced step's ATen calls, as traced and after graphs.simplify
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -71,7 +71,7 @@ def fwdtrain_variant(problem: problems.Problem, particles: int, steps: int, comp
     _, first = _timed(segment)
     built = {k: v - before.get(k, 0) for k, v in kernels.counts().items() if v != before.get(k, 0)}
     print(f"  {name}: first segment {first:.1f} s {built or ''}", flush=True)
-    ops = built.get("traced_ops")
+    ops = (built["traced_ops"], built["simplified_ops"]) if built.get("traced_ops") else None
     return Variant(name, segment, steps, particles, first, ops)
 
 
@@ -179,7 +179,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
     for r in rows:
         first = f"{r['first_segment_s']:.1f}" if r["first_segment_s"] is not None else "-"
-        ops = str(r["aten_ops"]) if r.get("aten_ops") else "-"
+        ops = "{} -> {}".format(*r["aten_ops"]) if r.get("aten_ops") else "-"
         print(
             f"{r['work']:<16}{r['variant']:<20}{r['particle_steps_per_s']:>18,.0f}{r['us_per_step']:>10.1f}"
             f"{first:>9}{ratio(r.get('vs_seed'), 1):>9}{ratio(r.get('vs_jax'), 2):>8}"

@@ -19,6 +19,8 @@ import torch
 import fwdtrain as ft
 from fwdtrain.compile import cache, kernels
 from fwdtrain.core._tree import leaves
+from fwdtrain.core.sensitivity import Plan
+from fwdtrain.problems.cost import CostForm
 
 DT = 0.01
 PARTICLES = 3
@@ -326,32 +328,87 @@ def test_unroll_is_checked():
         ft.compile.options.as_compile(ft.Compile(True, unroll=0))
 
 
-def test_reshape_views_turns_traced_views_into_reshapes_that_take_other_strides():
+@pytest.mark.parametrize("particles", [1, 3])
+def test_simplify_folds_the_shape_chains_of_a_traced_step_and_keeps_its_values_bit_for_bit(particles):
+    """``graphs.simplify`` on the traced cost-form step (what vmap and vjp leave: reshape chains, expands and
+    permutes of one particle): far fewer ATen calls, the same outputs exactly, run eagerly on random inputs."""
+    ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=particles)
+    state = ft.init(ex.sde, ex.theta, torch.linspace(-1, 1, particles, dtype=torch.float64)[:, None])
+    plan = Plan("reverse", "structured")
+    step = lambda carry, inputs: CostForm(ex.sde).advance(carry, inputs[0], DT, inputs[1], plan)[0]
+    example = (state, (torch.zeros(particles, 1, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)))
+    traced = ft.compile.graphs.trace(step, example)
+    generator = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(leaf.shape, generator=generator, dtype=leaf.dtype) for leaf in leaves(example)]
+    expected = traced.graph(*inputs)
+    before, after = ft.compile.graphs.simplify(traced.graph)
+    assert before == sum(1 for node in traced.graph.graph.nodes if node.op == "call_function") + (before - after)
+    assert after < 0.75 * before
+    for got, want in zip(traced.graph(*inputs), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_simplify_leaves_what_an_in_place_op_touches_and_drops_only_repeats():
+    def fn(x):
+        same = x.reshape(x.shape)  # a repeat: dropped
+        folded = x.reshape(6).reshape(3, 2).reshape(2, 3)  # a chain: one view of x
+        touched = x.reshape(2, 3)
+        touched.unsqueeze_(0)  # written to in place: kept, and so is what it reads
+        twice = x.unsqueeze(1).squeeze(1)  # x again
+        return same + folded + twice, touched
+
+    x = torch.arange(6.0).reshape(2, 3)
+    traced = ft.compile.graphs.trace(fn, (x,))
+    expected = traced.graph(x.clone())
+    before, after = ft.compile.graphs.simplify(traced.graph)
+    targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
+    assert targets.count("aten.view.default") == 1  # the one written to in place; the others are x itself
+    assert after < before and "aten.unsqueeze_.default" in targets and "aten.squeeze.dim" not in targets
+    for got, want in zip(traced.graph(x.clone()), expected, strict=True):
+        assert torch.equal(got, want) and got.shape == want.shape
+
+
+def test_simplify_turns_traced_views_into_reshapes_that_take_other_strides():
     """make_fx records x.reshape(6) of a contiguous x as a view, valid only for contiguous inputs; the export
-    that compiles a graph may give a tensor other strides. After ``reshape_views`` the graph takes them."""
+    that compiles a graph may give a tensor other strides. After simplify the graph takes them."""
     traced = ft.compile.graphs.trace(lambda x: (x.reshape(6) * 2,), (torch.ones(2, 3),))
     transposed = torch.arange(6.0).reshape(3, 2).t()  # shape (2, 3), not viewable as (6,)
     with pytest.raises(RuntimeError, match="view"):
         traced.graph(transposed)
-    calls = ft.compile.graphs.reshape_views(traced.graph)
+    ft.compile.graphs.simplify(traced.graph)
     targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
-    assert "aten.view.default" not in targets and calls == len(targets)
+    assert "aten.view.default" not in targets
     (got,) = traced.graph(transposed)
     assert torch.equal(got, transposed.reshape(6) * 2)
 
 
-def test_reshape_views_leaves_a_view_that_an_in_place_op_writes_to():
-    def fn(x):
-        touched = x.reshape(3, 2)
-        touched.unsqueeze_(0)  # its metadata written in place: a reshape that copied would lose the write's meaning
-        return touched * 1.0
+def test_unfold_writes_out_small_and_thin_products_and_leaves_wide_ones_to_the_library():
+    """``graphs.unfold_small_matmuls``: a one-particle product and the thin ones of many particles (an outer
+    product, K = 1; a row times a matrix, M = 1) become a broadcast multiply and a sum; a wide product of
+    many particles (every dimension > 1, too big to be small) stays a library call. Values equal to rounding."""
+    generator = torch.Generator().manual_seed(0)
+    a = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)
+    args = (a(16, 1), a(1, 4096), a(1, 16), a(16, 4096), a(64, 64), a(64, 4096), a(3, 4), a(4, 5), a(2, 3, 4))
 
-    traced = ft.compile.graphs.trace(fn, (torch.ones(2, 3),))
-    ft.compile.graphs.reshape_views(traced.graph)
+    def fn(w0, x, w1, h, w, hs, s0, s1, b):
+        return (
+            w0 @ x,  # outer product over 4,096 particles: thin
+            w1 @ h,  # a row times a matrix: thin
+            w @ hs,  # every dimension 64 or more, 16.8M multiplies: the library's
+            s0 @ s1,  # small
+            torch.bmm(b, b.transpose(1, 2)),  # small, batched
+            torch.addmm(h[:, :5], w0, x[:, :5]),  # small, with a term added
+        )
+
+    traced = ft.compile.graphs.trace(fn, args)
+    expected = traced.graph(*args)
+    assert ft.compile.graphs.unfold_small_matmuls(traced.graph) == 5
     targets = [str(node.target) for node in traced.graph.graph.nodes if node.op == "call_function"]
-    assert targets.count("aten.view.default") == 1 and "aten.unsqueeze_.default" in targets
-    x = torch.arange(6.0).reshape(2, 3)
-    assert torch.equal(traced.graph(x.clone())[0], fn(x.clone()))
+    assert targets.count("aten.mm.default") == 1 and "aten.bmm.default" not in targets
+    assert "aten.addmm.default" not in targets
+    for got, want in zip(traced.graph(*args), expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was():

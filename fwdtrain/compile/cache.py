@@ -42,7 +42,9 @@ KERNELS_KEPT = 64  # compiled kernels a process keeps (least recently used first
 # per process), and the count of compile events (tests count these, never seconds).
 _kernels: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _prepared: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
-_events = collections.Counter({"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0})
+_events = collections.Counter(
+    {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
+)
 
 
 def kernel(key: Hashable, build: Callable[[], Any]) -> Any:

@@ -9,7 +9,7 @@ functions close over become constants of the graph (and part of its key, ``cache
 the same as the module AOTInductor compiles, its loops in the compiled C++ wrapper (no Python between
 steps), the inputs of a whole noise block passed at once, ``count``, ``start``, ``n0`` and ``every``
 plain tensors: one kernel takes every block of a run, whatever its length and position.
-``reshape_views`` makes a traced graph's views reshapes, which the export that compiles it needs.
+``simplify`` and ``unfold_small_matmuls`` rewrite a traced graph for speed, to the same values.
 """
 
 from __future__ import annotations
@@ -282,11 +282,70 @@ def loop_code() -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+SMALL_MATMUL = 1 << 15  # M K N at most this: a product written as a broadcast multiply and a sum (fused by inductor)
+THIN_MATMUL = 1  # a product with M, K or N at most this (an outer product, a row times a matrix): written out too
+
+
+def _small(node: torch.fx.Node) -> bool:
+    """A matrix product that a library call serves worse than inductor's fused loops: small (a one-particle
+    step: the call costs more than the arithmetic) or thin (an outer product or a row times a matrix, e.g. a
+    layer of width one over N particles: memory-bound, so its (N, width) result written out and read back is
+    the cost; fused, it never leaves the registers)."""
+    shapes = [arg.meta["val"].shape for arg in node.args[-2:] if isinstance(arg, torch.fx.Node) and "val" in arg.meta]
+    if len(shapes) != 2:
+        return False
+    (*batch, m, k), (*_, k2, n) = shapes
+    size = m * k * n
+    for b in batch:
+        size *= b
+    return k == k2 and (size <= SMALL_MATMUL or min(m, k, n) <= THIN_MATMUL)
+
+
+def unfold_small_matmuls(graph: torch.fx.GraphModule) -> int:
+    """Write every small ``mm``/``bmm``/``addmm`` of a traced graph as a broadcast multiply and a sum over the
+    inner dimension, so that inductor fuses it into its loops instead of calling a BLAS routine per product
+    (1 to 2 us each, most of a one-particle step). The same maths; the sum's order may differ by rounding.
+    Returns the number of products rewritten."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        if (
+            node.op != "call_function"
+            or node.target not in (aten.mm.default, aten.bmm.default, aten.addmm.default)
+            or not _small(node)
+        ):
+            continue
+        with graph.graph.inserting_before(node):
+            a, b = node.args[-2:]
+            left = graph.graph.call_function(aten.unsqueeze.default, (a, -1))
+            right = graph.graph.call_function(aten.unsqueeze.default, (b, -3))
+            product = graph.graph.call_function(aten.mul.Tensor, (left, right))
+            out = graph.graph.call_function(aten.sum.dim_IntList, (product, [-2]))
+            if node.target == aten.addmm.default:
+                out = graph.graph.call_function(aten.add.Tensor, (node.args[0], out))
+        out.meta.update(node.meta)
+        node.replace_all_uses_with(out)
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.graph.lint()
+        graph.recompile()
+    return rewritten
+
+
+_RESHAPES = ("view.default", "_unsafe_view.default", "reshape.default")
+
+
 def _name(node: torch.fx.Node) -> str:
     """``"view.default"`` for ``aten.view.default``; ``""`` for anything that is not an ATen call."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return ""
     return f"{node.target.overloadpacket.__name__}.{node.target._overloadname}"
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def _mutated(graph: torch.fx.Graph) -> set[torch.fx.Node]:
@@ -299,18 +358,69 @@ def _mutated(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return out
 
 
-def reshape_views(graph: torch.fx.GraphModule) -> int:
-    """Every view of a traced graph made a reshape (but where an in-place op touches it or its input): ``make_fx``
-    records a reshape as a view when the traced tensor allowed one, but the export that compiles the graph may
-    give that tensor other strides (an add over size-1 axes), where the view fails and a reshape copies. The
-    same values; a reshape is a view wherever one exists. Returns the ATen calls of the graph."""
+def _same_value(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node that ``node`` only repeats: a reshape, view, expand or identity permute to its input's own
+    shape and dtype, ``squeeze(unsqueeze(x, d), d)``, ``x * 1``; None for every other node."""
+    name, args = _name(node), list(node.args)
+    source: Any = args[0] if args else None
+    if not isinstance(source, torch.fx.Node) or _shape(node) is None:
+        return None
+    same = _shape(source) == _shape(node) and source.meta["val"].dtype == node.meta["val"].dtype
+    if name in (*_RESHAPES, "expand.default", "alias.default") and same:
+        return source
+    if name == "permute.default" and same:
+        order: Any = args[1]
+        return source if list(order) == list(range(len(order))) else None
+    if name == "mul.Scalar" and same and args[1] == 1:
+        return source
+    if name in ("squeeze.dim", "squeeze.dims") and _name(source) == "unsqueeze.default":
+        inner: Any = source.args[0]
+        dim: Any = source.args[1]
+        rank = len(_shape(source) or ())
+        dims: Any = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        if isinstance(inner, torch.fx.Node) and _shape(inner) == _shape(node) and len(dims) == 1:
+            return inner if dims[0] % rank == dim % rank else None
+    return None
+
+
+def simplify(graph: torch.fx.GraphModule) -> tuple[int, int]:
+    """Fold what vmap and vjp leave in a traced graph (``trace``): a chain of reshapes becomes one reshape
+    of its root, and a node that only repeats its input (``_same_value``: a reshape to the same shape, the
+    expands and permutes of a single particle, ``x * 1``) is replaced by it; then dead nodes go. Every view
+    becomes a reshape: ``make_fx`` records a reshape as a view when the traced tensor allowed one, but the
+    export that compiles the graph may give that tensor other strides (an add over size-1 axes), where the
+    view fails and a reshape copies. The same values, bit for bit (no arithmetic changes). Nodes an in-place
+    op touches are left as they are.
+    Returns the ATen calls (nodes that call a function) before and after."""
+    calls = lambda: sum(1 for node in graph.graph.nodes if node.op == "call_function")
+    before = calls()
     mutated = _mutated(graph.graph)
-    for node in graph.graph.nodes:
+    aten = torch.ops.aten
+    for node in list(graph.graph.nodes):
+        if node in mutated or node.op != "call_function":
+            continue
         source = node.args[0] if node.args else None
-        if _name(node) == "view.default" and not ({node, source} & mutated):
-            node.target = torch.ops.aten.reshape.default
+        if (
+            _name(node) in _RESHAPES
+            and isinstance(source, torch.fx.Node)
+            and _name(source) in _RESHAPES
+            and source not in mutated
+            and isinstance(root := source.args[0], torch.fx.Node)
+            and root not in mutated
+            and isinstance(root.meta.get("val"), torch.Tensor)
+            and root.meta["val"].is_contiguous()
+        ):
+            node.args = (root, *node.args[1:])
+            node.target = aten.reshape.default
+        elif _name(node) == "view.default" and not ({node, source} & mutated):
+            node.target = aten.reshape.default  # a traced view holds only for the strides seen when tracing
+        same = _same_value(node)
+        if same is not None and same not in mutated:
+            node.replace_all_uses_with(same)
+    graph.graph.eliminate_dead_code()
+    graph.graph.lint()
     graph.recompile()
-    return sum(1 for node in graph.graph.nodes if node.op == "call_function")
+    return before, calls()
 
 
 __all__ = [
@@ -320,7 +430,8 @@ __all__ = [
     "Packing",
     "Traced",
     "loop_code",
-    "reshape_views",
     "run_block",
+    "simplify",
     "trace",
+    "unfold_small_matmuls",
 ]

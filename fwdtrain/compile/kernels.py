@@ -33,14 +33,18 @@ FUSED_CAT_UP_TO = 512  # state numbers up to which a kernel's concatenations are
 
 def counts() -> dict[str, int]:
     """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
-    and how many fell back to another route; ``traced_ops``: the ATen calls of every traced graph
-    (``cache.events``)."""
+    and how many fell back to another route; ``traced_ops`` and ``simplified_ops``: the ATen calls of every
+    traced graph as traced and after ``graphs.simplify`` (``cache.events``)."""
     return cache.events()
 
 
-def _exportable(traced: graphs.Traced) -> graphs.Traced:
-    """The traced graph with its views made reshapes (``graphs.reshape_views``, in place); counted."""
-    cache.count(traces=1, traced_ops=graphs.reshape_views(traced.graph))
+def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
+    """The traced graph with its shape chains folded (in place) and, with ``unfold``, its small products
+    written out (``graphs.unfold_small_matmuls``); counted."""
+    if unfold:
+        graphs.unfold_small_matmuls(traced.graph)
+    before, after = graphs.simplify(traced.graph)
+    cache.count(traces=1, traced_ops=before, simplified_ops=after)
     return traced
 
 
@@ -376,9 +380,9 @@ def block_kernel(
         *grids, alive, blocks, carry = args
         one_step = tuple(block[0] for block in blocks)
         traced = [
-            _exportable(graphs.trace(body, (*carry, *one_step, alive))),
-            _exportable(graphs.trace(check, (*carry, alive))),
-            _exportable(graphs.trace(observe, carry)),
+            _simplified(graphs.trace(body, (*carry, *one_step, alive)), unfold=True),
+            _simplified(graphs.trace(check, (*carry, alive)), unfold=True),
+            _simplified(graphs.trace(observe, carry), unfold=True),
         ]
         example = [leaf.clone() for leaf in leaves(args)]  # one object per input: export would alias shared ones
         values = inductor_options(carry)
@@ -416,7 +420,7 @@ def function_kernel(
     _compat.use_cache_folders(cache.cache_dir())
 
     def trace(*example_args: Any) -> tuple[_Package, Any]:
-        traced = _exportable(graphs.trace(fn, example_args))
+        traced = _simplified(graphs.trace(fn, example_args))
         example: list[torch.Tensor] = leaves(example_args)
         values = inductor_options(example_args)
         kernel_key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
