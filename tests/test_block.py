@@ -109,7 +109,7 @@ def test_a_failed_stage_that_the_eager_steps_pass_goes_on_from_them(monkeypatch)
     def fails_first(self, carry, dw, start, count, alive):
         if not said:
             said.append(carry.n)
-            return block.Outcome(carry, False, None)
+            return block.Outcome(carry, None, stage_end=carry.n + 20)  # the first stage: the record grid
         return original(self, carry, dw, start, count, alive)
 
     sde, state = seed_problem()

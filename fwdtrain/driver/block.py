@@ -68,15 +68,15 @@ class Stepping(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """A block's result: the ``carry`` after the steps known good, to its last passed check, ``ok`` (False: a check
-    after them failed, at one of the following steps), the ``records`` of its steps on the record grid (a dict of
-    stacked leaves, or None), and ``bad_rate``: the step whose state's learning rate is not a finite number
-    >= 0, where the block stopped before it (None: none)."""
+    """A block's result: the ``carry`` after the steps known good, to its last passed check, the ``records`` of its
+    steps on the record grid (a dict of stacked leaves, or None), ``bad_rate``: the step whose state's learning
+    rate is not a finite number >= 0, where the block stopped before it (None: none), and ``stage_end``: where a
+    check after ``carry`` failed, the step it checked, the end of the stage after ``carry`` (None: none failed)."""
 
     carry: Carry
-    ok: bool
     records: dict[str, Any] | None
     bad_rate: int | None = None
+    stage_end: int | None = None
 
 
 def clocks(t: torch.Tensor, dt: float, count: int) -> torch.Tensor:
@@ -257,10 +257,6 @@ class Block:
         after = (Carry(state, carry.n + 1, total, info), bool(self.check(*out, alive)))
         return (after, cost) if count else after
 
-    def stage_stop(self, n0: int, done: int, count: int) -> int:
-        """Where the stage from step ``done`` of a block of ``count`` steps from step ``n0`` ends (``Grids.stop``)."""
-        return int(graphs.Grids(count, 0, n0, self.every, self.check_every).stop(done))
-
     def _flat(self, carry: Carry) -> list[torch.Tensor]:
         info = carry.info if carry.info is not None else zero_info(carry.state)
         return optree.tree_leaves((carry.state, carry.total, info))  # type: ignore[arg-type]
@@ -272,13 +268,12 @@ class Block:
         bad_rate = carry.n + int(bad[0]) + 1 if len(bad) else None  # the first step whose state has a bad rate
         count = count if bad_rate is None else bad_rate - carry.n - 1
         blocks, flat = self._blocks(dw, start, count, alphas), tuple(self._flat(carry))
+        at = graphs.Grids(count, start, carry.n, self.every, self.check_every)
         if self.kernel is not None:
-            grids = [torch.tensor(v) for v in (count, start, carry.n, self.every, self.check_every)]
-            out = self.kernel(*grids, alive, blocks, flat)
+            out = self.kernel(*[torch.tensor(v) for v in at], alive, blocks, flat)
         else:
-            at = graphs.Grids(count, start, carry.n, self.every, self.check_every)
             out = graphs.run_block(self.body, self.check, self.observe, self.capacity, at, blocks, alive, flat)
-        done, rows, ok = int(out.done), int(out.rows), bool(out.ok)
+        done, rows = int(out.done), int(out.rows)
         unpacked: Any = optree.tree_unflatten(self.spec, list(out.carry))
         state, total, info = unpacked
         records: Any = None
@@ -286,7 +281,8 @@ class Block:
             own = torch.contiguous_format  # its own memory, strides of its own shape (a size-1 axis too)
             leaves = [leaf[:rows].clone(memory_format=own) for leaf in self.seen.unpack(tuple(out.tables))]
             records = optree.tree_unflatten(self.seen_spec, leaves)
-        return Outcome(Carry(state, carry.n + done, total, info), ok, records, bad_rate)
+        stage_end = None if bool(out.ok) else carry.n + int(at.stop(done))
+        return Outcome(Carry(state, carry.n + done, total, info), records, bad_rate, stage_end)
 
 
 def _by_value(fn: Callable[..., Any]) -> Any:

@@ -356,25 +356,21 @@ class Loop:
                 assert self.block is not None
                 if self.carry.n == first + i:
                     count = min(next_event - self.carry.n, len(dw) - i)
-                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i, count)
+                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i)
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
 
-    def _settle(self, out: Outcome, dw: torch.Tensor, i: int, count: int) -> None:
-        """Keep a block's records and carry (``count`` steps from row ``i`` of ``dw`` asked); where a check failed,
-        step the failed stage again from the last passed check and raise at the step that fails or, with members,
-        freeze those that failed there; where the block stopped before a bad learning rate, raise."""
+    def _settle(self, out: Outcome, dw: torch.Tensor, i: int) -> None:
+        """Keep the records and carry of a block that started at row ``i`` of ``dw``; where a check failed, step the
+        failed stage again from the last passed check and raise at the step that fails or, with members, freeze
+        those that failed there; where the block stopped before a bad learning rate, raise."""
         start = self.carry
         if out.records is not None:
             self._take_records(start.n, out.records)
         self._keep(out.carry)
-        if out.bad_rate is not None:
-            count = out.bad_rate - 1 - start.n  # the block stopped before it
-        if not out.ok:
-            assert self.block is not None
-            done = self.carry.n - start.n
-            self._find_failure(dw, i + done, i + self.block.stage_stop(start.n, done, count))
+        if out.stage_end is not None:
+            self._find_failure(dw, i + self.carry.n - start.n, i + out.stage_end - start.n)
         if out.bad_rate is not None and self.carry.n == out.bad_rate - 1:
             raise self.bad_rate(out.bad_rate)
 
