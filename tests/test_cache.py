@@ -85,6 +85,32 @@ def test_a_prune_clears_stale_temporaries_and_rejected_packages_and_skips_what_v
     assert cache.prune_to(0) == cache.Pruned(0, 0, 0, 0)
 
 
+def build_folder(name: str, age: float, wrapper: bool = True) -> int:
+    """A fake folder of ``cache_dir() / "inductor"`` (with an AOTInductor wrapper's source when ``wrapper``), its
+    files last written ``age`` seconds ago; returns its bytes."""
+    folder = cache.cache_dir() / "inductor" / name
+    (folder / "weights").mkdir(parents=True, exist_ok=True)
+    files = {folder / (f"{name}.wrapper.cpp" if wrapper else f"{name}.h.gch"): 700, folder / "weights" / "w.o": 50}
+    when = time.time() - age
+    for path, size in files.items():
+        path.write_bytes(b"x" * size)
+        os.utime(path, (when, when))
+    return sum(files.values())
+
+
+def test_a_prune_removes_aotinductors_build_folders_untouched_for_an_hour(monkeypatch):
+    """A compile's build folder is a copy of its package: gone after an hour; a younger one (maybe another process's
+    compile in progress) and inductor's other folders (precompiled headers) stay."""
+    monkeypatch.setenv(cache.LIMIT_ENV, "none")
+    stale = build_folder("cstale", age=2 * HOUR)
+    build_folder("cyoung", age=60.0)
+    build_folder("precompiled_headers", age=2 * HOUR, wrapper=False)
+    before = cache.usage().inductor_bytes
+    assert cache.prune() == cache.Pruned(removed=0, freed=stale, kept=0, size=0)
+    assert sorted(p.name for p in (cache.cache_dir() / "inductor").iterdir()) == ["cyoung", "precompiled_headers"]
+    assert cache.usage().inductor_bytes == before - stale
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -216,8 +242,10 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
 
 @pytest.mark.slow
 def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
-    """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: only the newest stays."""
+    """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: only the newest stays;
+    with every build folder counted stale, none is left in ``inductor/``."""
     monkeypatch.setenv(cache.LIMIT_ENV, "1")
+    monkeypatch.setattr(cache, "STALE_SECONDS", -1.0)  # every build folder stale: inductor's real layout is pruned
     ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=2)
     cache.forget_kernels()
     for particles in (2, 3):  # another shape: another kernel
@@ -226,4 +254,5 @@ def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
         newest = max((cache.cache_dir() / "kernels").glob("*.pt2"), key=lambda path: path.stat().st_mtime_ns)
         assert on_disk() == [newest.name]
     assert cache.usage().packages == 1
+    assert not list((cache.cache_dir() / "inductor").glob("*/*.wrapper.cpp"))  # no compile's build folder left
     cache.forget_kernels()

@@ -38,7 +38,8 @@ def render(shown: dict[str, Any]) -> str:
         f"cache folder  {shown['folder']}",
         f"packages      {shown['packages']}, {cache.format_size(shown['package_bytes'])} (kernels/)",
         f"cap           {cap} (${cache.LIMIT_ENV}; the least recently used packages are removed first)",
-        f"inductor      {cache.format_size(shown['inductor_bytes'])} (inductor/, not capped; --clear empties it)",
+        f"inductor      {cache.format_size(shown['inductor_bytes'])} "
+        "(inductor/: headers and the last hour's builds; --clear empties it)",
     ]
     if shown["torchinductor_cache_dir"]:
         lines.append(f"              inductor writes to $TORCHINDUCTOR_CACHE_DIR={shown['torchinductor_cache_dir']}")

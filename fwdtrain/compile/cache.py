@@ -5,7 +5,8 @@
 ``kernel_key``), ``inductor/`` (inductor's own caches) and ``routes/`` (``fwdtrain.compile.route``'s markers).
 A package is written to a temporary file and renamed, so a crash never leaves half a kernel. The packages are
 capped (``limit_bytes``): a load marks its package used (``touch``), and after each package written ``prune``
-removes the least recently used others until the total is within the cap. The performance guide's "Where
+removes the least recently used others until the total is within the cap, and the build folders AOTInductor
+left in ``inductor/`` an hour ago or more (copies of what the packages hold). The performance guide's "Where
 compiled kernels go" says the same for a user. This module also holds the process's kernels and counts: the
 engine's only module-global state.
 """
@@ -199,9 +200,9 @@ class Pruned(NamedTuple):
 
 def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> Pruned:
     """Remove the least recently used packages of ``cache_dir() / "kernels"`` until their total is at most
-    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*`` files older than ``STALE_SECONDS`` and
-    ``*.rejected`` packages (their bytes count in ``freed``). One scan of the folder; a file that another
-    process removed first is skipped."""
+    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*`` files older than ``STALE_SECONDS``,
+    ``*.rejected`` packages and AOTInductor's stale build folders (``_prune_build_folders``; their bytes count in
+    ``freed``). One scan of the folder; a file that another process removed first is skipped."""
     folder = cache_dir() / "kernels"
     kept_name = Path(keep).name if keep is not None else None
     packages: list[tuple[float, str, int]] = []  # (last use, name, bytes)
@@ -210,7 +211,7 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return Pruned(0, 0, 0, 0)
+        return Pruned(0, _prune_build_folders(now), 0, 0)
     for entry in entries:
         try:
             stat = entry.stat(follow_symlinks=False)
@@ -232,7 +233,31 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
         size -= bytes_
         if _unlink(os.path.join(folder, name), bytes_):
             removed, freed = removed + 1, freed + bytes_
-    return Pruned(removed, freed, len(packages) - removed, size)
+    return Pruned(removed, freed + _prune_build_folders(now), len(packages) - removed, size)
+
+
+def _prune_build_folders(now: float) -> int:
+    """Remove the build folders AOTInductor left in ``cache_dir() / "inductor"`` (one per compile, holding its
+    ``*.wrapper.cpp``, objects and library: a copy of what its package holds) untouched for ``STALE_SECONDS``; a
+    younger one may be another process's compile in progress. Returns the bytes freed."""
+    freed = 0
+    try:
+        entries = [entry for entry in os.scandir(cache_dir() / "inductor") if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for entry in entries:
+        files = [os.path.join(root, name) for root, _, names in os.walk(entry.path) for name in names]
+        if not any(name.endswith(".wrapper.cpp") for name in map(os.path.basename, files)):
+            continue
+        try:
+            stats = [os.lstat(name) for name in files]
+        except OSError:
+            continue  # changing under another process's compile
+        if stats and now - max(stat.st_mtime for stat in stats) > STALE_SECONDS:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.exists(entry.path):
+                freed += sum(stat.st_size for stat in stats)
+    return freed
 
 
 def prune(keep: str | os.PathLike[str] | None = None) -> Pruned:
