@@ -193,7 +193,9 @@ def test_route_weights_replays_the_rule_as_bench_route_measured_it():
         case = bench_route.CASES[name]
         cost = route_weights.counted(case)
         for machine in ("fresh", "warm"):
-            (row,) = [r for r in rows if (r["case"], r["machine"], r["route"]) == (name, machine, "auto")]
+            found = [r for r in rows if (r["case"], r["machine"], r["route"]) == (name, machine, "auto")]
+            assert len(found) == 1, f"bench_route.json has no {name} {machine} row: commit a run of every case"
+            (row,) = found
             first = route_weights.first_compiled(
                 cost, case["segment"], case["segments"], route.CONTINUED_WEIGHT, set_up=machine == "warm"
             )
