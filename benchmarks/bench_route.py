@@ -55,7 +55,7 @@ PRIME = {"problem": "lqr-1d", "particles": 2, "segment": 20, "segments": 1}  # t
 MACHINES = ("fresh", "warm", "again")
 
 
-def _example(problem: str, particles: int) -> Any:
+def example_of(problem: str, particles: int) -> Any:
     import fwdtrain as ft
 
     if problem == "mlp-2d":
@@ -70,7 +70,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import fwdtrain as ft
 
     torch.set_num_threads(spec["threads"])
-    ex = _example(spec["problem"], spec["particles"])
+    ex = example_of(spec["problem"], spec["particles"])
     compile_: Any = {"auto": "auto", "True": True, "False": False}[spec["route"]]
     if spec["quick"] and compile_ is True:
         compile_ = ft.Compile(True, route="dynamo", backend="eager")

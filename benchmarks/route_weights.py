@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .bench_route import CASES, RESULTS, _example
+from .bench_route import CASES, RESULTS, example_of
 
 
 def counted(case: dict[str, Any]) -> Any:
@@ -28,7 +28,7 @@ def counted(case: dict[str, Any]) -> Any:
     from fwdtrain.driver import runner
 
     torch.set_num_threads(1)
-    ex = _example(case["problem"], case["particles"])
+    ex = example_of(case["problem"], case["particles"])
     loop = runner.setup(
         ex.trainable, ex.initial_state(), 1, ex.dt, ex.lr, ex.noise(0), compile="auto", save=None, hooks=()
     )

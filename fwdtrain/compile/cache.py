@@ -246,10 +246,10 @@ def _prune_build_folders(now: float) -> int:
     except OSError:
         return 0
     for entry in entries:
-        files = [os.path.join(root, name) for root, _, names in os.walk(entry.path) for name in names]
-        if not any(name.endswith(".wrapper.cpp") for name in map(os.path.basename, files)):
-            continue
-        try:
+        try:  # a build folder holds its wrapper's source at its top: inductor's other folders are not walked
+            if not any(name.endswith(".wrapper.cpp") for name in os.listdir(entry.path)):
+                continue
+            files = [os.path.join(root, name) for root, _, names in os.walk(entry.path) for name in names]
             stats = [os.lstat(name) for name in files]
         except OSError:
             continue  # changing under another process's compile
