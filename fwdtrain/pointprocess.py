@@ -9,26 +9,8 @@ The step-grid fit of 0.4 (``fwdtrain.problems.pointprocess``): ``IntensityFit``,
 ``grid_simulate`` (0.4's ``hawkes``, ``intensity_model`` and ``simulate``).
 """
 
-from .events import (
-    EventData,
-    EventModel,
-    FitResult,
-    Goodness,
-    Parameter,
-    as_events,
-    fit,
-    from_table,
-    from_tick,
-    goodness,
-    hawkes,
-    information,
-    intensity_model,
-    log_likelihood,
-    order_book,
-    qq_plot,
-    read_lobster,
-    simulate,
-)
+from .events import *  # noqa: F403  # every public name of fwdtrain.events, once
+from .events import __all__ as _events_all
 from .problems.pointprocess import (
     IntensityFit,
     bin_events,
@@ -40,31 +22,14 @@ from .problems.pointprocess import hawkes as grid_hawkes
 from .problems.pointprocess import intensity_model as grid_intensity_model
 from .problems.pointprocess import simulate as grid_simulate
 
-__all__ = [
-    "EventData",
-    "EventModel",
-    "FitResult",
-    "Goodness",
+__all__ = [  # noqa: PLE0604
+    *_events_all,
     "IntensityFit",
-    "Parameter",
-    "as_events",
     "bin_events",
     "check_events",
-    "fit",
-    "from_table",
-    "from_tick",
-    "goodness",
     "grid_hawkes",
     "grid_intensity_model",
     "grid_simulate",
-    "hawkes",
     "hawkes_theta",
-    "information",
-    "intensity_model",
-    "log_likelihood",
-    "order_book",
-    "qq_plot",
-    "read_lobster",
-    "simulate",
     "standard_errors",
 ]

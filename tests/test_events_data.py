@@ -106,3 +106,51 @@ def _quiet(call):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return call()
+
+
+class Frame:
+    """The part of a pandas DataFrame that ``from_table`` reads: ``columns`` and ``frame[name]``."""
+
+    def __init__(self, **columns):
+        self._columns = {name: np.asarray(values) for name, values in columns.items()}
+        self.columns = list(columns)
+
+    def __getitem__(self, name):
+        if isinstance(name, list):
+            return np.stack([self._columns[n] for n in name], axis=1)
+        return self._columns[name]
+
+
+def test_table_columns_are_read_by_name_and_other_names_are_refused():
+    table = ev.from_table(Frame(time=[0.5, 1.0], type=[1, 0], mark=[3.0, 4.0]), end_time=2.0)
+    assert table.types.tolist() == [[1, 0]] and table.marks[0, :, 0].tolist() == [3.0, 4.0]
+    two = ev.from_table(Frame(time=[0.5, 1.0], mark_size=[3.0, 4.0], mark_sign=[1.0, -1.0]), end_time=2.0)
+    assert two.marks.tolist() == [[[3.0, 1.0], [4.0, -1.0]]] and two.dimension == 1
+    with pytest.raises(ValueError, match=r"columns time, type \(optional\) and mark .* got \['time', 'side', 'size'\]"):
+        ev.from_table(Frame(time=[0.5, 1.0], side=[1, 0], size=[3.0, 4.0]), end_time=2.0)
+    with pytest.raises(ValueError, match=r"rename them, e.g. df.rename"):
+        ev.as_events(Frame(t=[0.5, 1.0]), end_time=2.0)
+    with pytest.raises(ValueError, match=r"time must be 1-D .* from_table\(a\[:, 0\], a\[:, 1\], a\[:, 2\]"):
+        ev.from_table(np.array([[0.5, 0, 1.0], [1.0, 1, 2.0]]), end_time=2.0)
+
+
+def test_datetimes_are_refused_with_the_conversion_to_seconds():
+    stamps = np.array(["2024-01-02T09:30:00", "2024-01-02T09:30:01"], dtype="datetime64[ns]")
+    with pytest.raises(TypeError, match=r"time holds datetimes .* np.timedelta64\(1, 's'\)"):
+        ev.from_table(stamps, end_time=2.0)
+    with pytest.raises(TypeError, match=r"dt.total_seconds\(\)"):
+        ev.from_table(Frame(time=stamps), end_time=2.0)
+    seconds = (stamps - stamps[0]) / np.timedelta64(1, "s")  # the fix the message gives
+    assert ev.from_table(seconds, end_time=2.0).times.tolist() == [[0.0, 1.0]]
+
+
+def test_a_lobster_file_with_a_header_row_says_the_fix(tmp_path):
+    path = _write(tmp_path / "msg.csv", ROWS, header="Time,Type,OrderID,Size,Price,Direction")
+    with pytest.raises(
+        ValueError, match=r"first row 'Time,Type,.* no header row; pass read_lobster\(\.\.\., header=True\)"
+    ):
+        ev.read_lobster(path)
+    plain = ev.read_lobster(_write(tmp_path / "plain.csv", ROWS))
+    headed = ev.read_lobster(path, header=True)
+    assert torch.equal(headed.times, plain.times) and torch.equal(headed.marks, plain.marks)
+    assert torch.equal(ev.read_lobster(tmp_path / "plain.csv", header=True).times, plain.times)  # none: nothing skipped
