@@ -82,15 +82,15 @@ def _warnings(call):
 
 def test_goodness_warns_when_ties_decide_the_fit_and_not_otherwise(tmp_path):
     written = write_lobster(tmp_path / "day.csv", duration=300.0, seed=1)
-    model, truth = ev.hawkes(dimension=2), written.truth
+    model, truth = written.model, written.truth
     merged = ev.read_lobster(written.path)
     fills = ev.read_lobster(written.path, merge=False)
     assert _warnings(lambda: ev.goodness(model, truth, merged)) == []
     caught = _warnings(lambda: ev.goodness(model, truth, fills))
     assert len(caught) == 2 and "read_lobster(merge=True)" in str(caught[0].message)
     good, tied = ev.goodness(model, truth, merged), _quiet(lambda: ev.goodness(model, truth, fills))
-    zeros = [float((r == 0).mean()) for r in tied.residuals]
-    assert min(zeros) > 0.3 and min(tied.ks) >= min(zeros) - 0.05 and max(good.ks) < 0.06
+    zeros = [float((abs(r) < 1e-12).mean()) for r in tied.residuals]  # 0 up to rounding
+    assert min(zeros) > 0.3 and min(tied.ks) >= min(zeros) - 0.05 and min(good.pvalue) > 0.05
     assert ev.rescaling.tie_threshold(100) == pytest.approx(0.068) and ev.rescaling.tie_threshold(10**6) == 0.01
 
 
