@@ -130,6 +130,11 @@ def test_table_columns_are_read_by_name_and_other_names_are_refused():
         ev.from_table(Frame(time=[0.5, 1.0], side=[1, 0], size=[3.0, 4.0]), end_time=2.0)
     with pytest.raises(ValueError, match=r"rename them, e.g. df.rename"):
         ev.as_events(Frame(t=[0.5, 1.0]), end_time=2.0)
+    columns = {"time": [0.5, 1.0], "type": [1, 0], "mark_size": [3.0, 4.0], "mark_sign": [1.0, -1.0]}
+    as_dict = ev.as_events(columns, end_time=2.0)
+    assert torch.equal(as_dict.marks, two.marks) and as_dict.types.tolist() == [[1, 0]]
+    with pytest.raises(ValueError, match=r"got \['time', 'side'\]"):
+        ev.as_events({"time": [0.5, 1.0], "side": [1, 0]}, end_time=2.0)
     with pytest.raises(ValueError, match=r"time must be 1-D .* from_table\(a\[:, 0\], a\[:, 1\], a\[:, 2\]"):
         ev.from_table(np.array([[0.5, 0, 1.0], [1.0, 1, 2.0]]), end_time=2.0)
 

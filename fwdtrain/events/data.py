@@ -15,7 +15,7 @@ and the fix in the message. Ties (equal times) are allowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -174,10 +174,10 @@ def from_table(
     types: int | None = None,
 ) -> EventData:
     """One realization from columns: ``time`` (n,) sorted, ``type`` (n,) integers in {0..K-1} (None: all 0),
-    ``mark`` (n,) or (n, q) (None: no marks). ``time`` may also be a pandas DataFrame with columns "time",
-    optionally "type" and marks: "mark", or several columns whose names start with "mark" (in the table's
-    order); other columns are refused. K is ``types`` (default: the largest type + 1)."""
-    if hasattr(time, "columns"):
+    ``mark`` (n,) or (n, q) (None: no marks). ``time`` may also be a table, a pandas DataFrame or a dict of
+    columns: "time", optionally "type" and marks ("mark", or several columns whose names start with "mark", in
+    the table's order); other columns are refused. K is ``types`` (default: the largest type + 1)."""
+    if _is_table(time):
         time, column_type, column_mark = _columns(time)
         type = type if column_type is None else column_type
         mark = mark if column_mark is None else column_mark
@@ -206,10 +206,16 @@ def from_table(
     return _pack([(t, kinds.astype(np.int64), z)], start, end, k)
 
 
+def _is_table(value: Any) -> bool:
+    return hasattr(value, "columns") or isinstance(value, Mapping)
+
+
 def _columns(frame: Any) -> tuple[Any, Any, Any]:
-    """(time, type, mark) of a DataFrame whose columns are "time", "type" and "mark..." (refused otherwise)."""
-    names = [str(c) for c in frame.columns]
-    marks = [c for c in frame.columns if str(c).startswith("mark")]
+    """(time, type, mark) of a DataFrame or a dict of columns named "time", "type" and "mark..." (refused
+    otherwise)."""
+    columns = list(frame.keys()) if isinstance(frame, Mapping) else list(frame.columns)
+    names = [str(c) for c in columns]
+    marks = [c for c in columns if str(c).startswith("mark")]
     unknown = [n for n in names if n not in ("time", "type") and not n.startswith("mark")]
     if "time" not in names or unknown:
         raise ValueError(
@@ -217,7 +223,7 @@ def _columns(frame: Any) -> tuple[Any, Any, Any]:
             f"{names}: rename them, e.g. df.rename(columns={{'side': 'type', 'size': 'mark'}}), or drop the others"
         )
     kind = frame["type"] if "type" in names else None
-    mark = None if not marks else frame[marks[0]] if len(marks) == 1 else frame[marks]
+    mark = None if not marks else np.stack([_array(frame[c], str(c)).reshape(-1) for c in marks], axis=1)
     return frame["time"], kind, mark
 
 
@@ -310,10 +316,11 @@ def read_lobster(
 
 def as_events(events: Any, end_time: Any = None, start_time: Any = 0.0, types: int | None = None) -> EventData:
     """``EventData`` from what a user has: an ``EventData`` (returned as is), tick's layout (a list of
-    realizations or of K arrays), a (n,) array or tensor of times (one type), or a pandas DataFrame."""
+    realizations or of K arrays), a (n,) array or tensor of times (one type), or a table (a pandas DataFrame
+    or a dict of columns, see ``from_table``)."""
     if isinstance(events, EventData):
         return events
-    if isinstance(events, (torch.Tensor, np.ndarray)) or hasattr(events, "columns"):
+    if isinstance(events, (torch.Tensor, np.ndarray)) or _is_table(events):
         return from_table(events, end_time=end_time, start_time=start_time, types=types)
     if isinstance(events, (list, tuple)):
         if events and all(isinstance(x, (int, float)) and math.isfinite(float(x)) for x in events):
