@@ -309,12 +309,12 @@ def test_each_problems_figure_draws_its_reference(problem):
 
 
 def test_the_command_line_writes_the_problems_figure(tmp_path, monkeypatch):
-    """`python -m fwdtrain hawkes` writes the parameters against the truth, not the generic cost panel alone."""
+    """`python -m fwdtrain sgdct-ou` writes the parameters against the truth, not the generic cost panel alone."""
     from fwdtrain.cli import figures
 
     pytest.importorskip("matplotlib")
     drawn = []
     monkeypatch.setattr(figures, "save", lambda problem, run, path, title=None: drawn.append(problem) or path)
-    argv = ["hawkes", "--total-steps", "20", "--particles", "2", "--record-every", "10", "--no-progress"]
+    argv = ["sgdct-ou", "--total-steps", "20", "--particles", "2", "--record-every", "10", "--no-progress"]
     assert cli.main([*argv, "--plot", str(tmp_path / "h.png")]) == 0
-    assert drawn == ["hawkes"]
+    assert drawn == ["sgdct-ou"]

@@ -217,10 +217,10 @@ def test_example_pages_carry_their_output_inline_equal_to_the_file_it_came_from(
     assert spec is not None and spec.loader is not None
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
-    page = (DOCS / "examples" / "hawkes.md").read_text()
-    updated = figures.inlined(page, "docs/examples/output/hawkes.txt", "new output\n")
-    assert INLINED.findall(updated) == [("docs/examples/output/hawkes.txt", "new output\n")]
-    assert updated.replace("new output\n", (DOCS / "examples" / "output" / "hawkes.txt").read_text()) == page
+    page = (DOCS / "examples" / "sgdct-ou.md").read_text()
+    updated = figures.inlined(page, "docs/examples/output/sgdct-ou.txt", "new output\n")
+    assert INLINED.findall(updated) == [("docs/examples/output/sgdct-ou.txt", "new output\n")]
+    assert updated.replace("new output\n", (DOCS / "examples" / "output" / "sgdct-ou.txt").read_text()) == page
     with pytest.raises(ValueError, match="0 copies"):
         figures.inlined(page, "docs/examples/output/lqr-1d.txt", "x\n")
 

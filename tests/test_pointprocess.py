@@ -1,77 +1,88 @@
-"""Point-process fitting (fwdtrain.pointprocess): the online log-likelihood gradient equals jacrev through the
-chain, a Hawkes fit recovers its parameters within their Monte Carlo error, and bad data is refused."""
+"""One point-process implementation: ``fwdtrain.pointprocess`` is ``fwdtrain.events`` at its public path; the
+step-grid fit of 0.4 is a one-release alias whose every name warns with its replacement, nothing in the package
+imports it, and what it was for (a Hawkes process fitted to its events within its standard errors, on the
+command line too) is done by ``fwdtrain.events``."""
 
 from __future__ import annotations
 
-import math
+import importlib
+import json
+import re
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
-from torch.func import jacrev
 
 import fwdtrain as ft
+from fwdtrain.cli import app
 
 pp = ft.pointprocess
 D64 = torch.float64
+GRID = ("IntensityFit", "bin_events", "check_events", "hawkes_theta", "standard_errors")
+RENAMED = ("grid_hawkes", "grid_intensity_model", "grid_simulate")
 
 
-def test_the_online_gradient_is_the_gradient_of_the_log_likelihood():
-    model, dt = pp.grid_hawkes(), 0.05
-    theta, y0 = pp.hawkes_theta(0.6, 0.7, 1.3), torch.zeros(1, dtype=D64)
-    data = pp.grid_simulate(model, theta, y0, 100, dt, paths=3, seed=2)
-    assert data[..., 0].sum() >= 5
-    fit = pp.IntensityFit(model)
-
-    def log_likelihood(th):
-        state = fit.start(th, y0, 3)
-        plan = fit.plan(state)
-        total, gradient = torch.zeros((), dtype=D64), None
-        for n in range(data.shape[0]):
-            moved, value, d_value = fit.score_step(state, data[n], dt, plan)
-            total = total + value.sum()
-            step = {k: v.sum(0) for k, v in d_value.items()}
-            gradient = step if gradient is None else {k: gradient[k] + step[k] for k in step}
-            state = state._replace(x=moved.x, x_tilde=moved.x_tilde)
-        return total, gradient
-
-    _, online = log_likelihood(theta)
-    exact = jacrev(lambda th: log_likelihood(th)[0])(theta)
-    for name in theta:
-        torch.testing.assert_close(online[name], exact[name], rtol=1e-10, atol=1e-12)
+def test_pointprocess_is_fwdtrain_events_at_its_public_path():
+    assert pp.__all__ == ft.events.__all__
+    assert all(getattr(pp, name) is getattr(ft.events, name) for name in ft.events.__all__)
+    assert not set(GRID + RENAMED) & set(pp.__all__)
 
 
-def test_a_hawkes_fit_recovers_its_parameters_within_their_monte_carlo_error():
-    example = ft.examples.hawkes_fit()
-    data = example.data(0, example.steps)
-    fit = pp.IntensityFit(example.sde, events=data)
-    start = fit.start(example.theta, example.x0, example.particles)
-    run = ft.run(fit, start, example.steps, example.dt, example.lr, compile=True)
-    truth = pp.hawkes_theta(**ft.examples.hawkes.TRUTH)
-    errors = pp.standard_errors(fit, truth, example.x0, data, example.dt)
-    for name in truth:
-        deviation = abs(float(run.state.theta[name] - truth[name]))
-        assert deviation < 3 * float(errors[name]), (name, deviation, float(errors[name]))
-        assert float(errors[name]) < 0.1  # the data pin the parameters down (the test can fail)
-    moved = {name: abs(float(run.state.theta[name] - example.theta[name])) for name in truth}
-    assert min(moved.values()) > 0.03  # it did move from the start
+@pytest.mark.parametrize("name", GRID + RENAMED)
+def test_each_step_grid_name_warns_and_names_its_replacement(name):
+    with pytest.warns(DeprecationWarning, match=rf"fwdtrain.pointprocess.{name} is the step-grid fit .* 0.6; use "):
+        old = getattr(pp, name)
+    module = sys.modules["fwdtrain.problems.pointprocess"]
+    assert old is getattr(module, name.removeprefix("grid_"))
+    named = re.findall(r"fwdtrain\.events\.(\w+)", pp.GRID[name][1])
+    assert named and all(hasattr(ft.events, n) for n in named), named
+    with pytest.raises(AttributeError, match="has no attribute 'grid_fit'"):
+        pp.grid_fit  # noqa: B018
 
 
-def test_bad_event_data_and_models_are_refused():
-    with pytest.raises(TypeError, match="rate that depends on theta"):
-        pp.IntensityFit(ft.SDE(lambda th, x: x, lambda th, x: x, lambda th, x: x.sum()))
-    with pytest.raises(ValueError, match="0 or 1"):
-        pp.check_events(torch.full((3, 1, 1), 2.0), (1, 1))
-    with pytest.raises(ValueError, match=r"shape \(steps, 1, 1\)"):
-        pp.check_events(torch.zeros((3, 2, 1)), (1, 1))
-    with pytest.raises(ValueError, match="two events fall in one step"):
-        pp.bin_events(torch.tensor([0.11, 0.12], dtype=D64), 0.1, 10)
-    binned = pp.bin_events(torch.tensor([0.05, 0.31], dtype=D64), 0.1, 5)
-    assert binned[:, 0, 0].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
-    with pytest.raises(ValueError, match="mu > 0"):
-        pp.hawkes_theta(-1.0, 0.5, 1.0)
-    model = pp.grid_hawkes()
-    fit = pp.IntensityFit(model, events=torch.zeros((5, 2, 1), dtype=D64))
-    start = fit.start(pp.hawkes_theta(1.0, 0.5, 1.0), torch.zeros(1, dtype=D64), 3)
-    with pytest.raises(ValueError, match=r"events must have shape \(steps, 3, 1\)"):
-        ft.run(fit, start, 5, 0.1, 0.1)
-    assert math.isfinite(float(start.x.sum()))
+def test_the_step_grid_module_warns_on_import_and_nothing_imports_it():
+    sys.modules.pop("fwdtrain.problems.pointprocess", None)
+    with pytest.warns(
+        DeprecationWarning, match=r"fwdtrain.problems.pointprocess .* goes in fwdtrain 0.6; use fwdtrain.events"
+    ):
+        importlib.import_module("fwdtrain.problems.pointprocess")
+    code = (
+        "import sys, fwdtrain\nfrom fwdtrain.pointprocess import *\n"
+        "import fwdtrain.cli.app, fwdtrain.cli.events, fwdtrain.examples\n"
+        "print(sorted(m for m in sys.modules if 'pointprocess' in m))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["['fwdtrain.pointprocess']"]
+
+
+def test_the_alias_still_works_for_one_release():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model, theta = pp.grid_hawkes(), pp.hawkes_theta(0.6, 0.7, 1.3)
+        data = pp.grid_simulate(model, theta, torch.zeros(1, dtype=D64), 50, 0.05, paths=2, seed=2)
+        fit = pp.IntensityFit(model, events=data)
+    run = ft.run(fit, fit.start(theta, torch.zeros(1, dtype=D64), 2), 50, 0.05, 0.01)
+    assert run.history.steps == 50
+
+
+def test_a_hawkes_process_is_recovered_within_its_standard_errors():
+    example = ft.examples.EVENT_REGISTRY["hawkes"]()
+    assert example.events.events > 1_500
+    for method in ("batch", "online"):
+        result = example.fit(method)
+        for label, estimate, error, truth in example.compare(result):
+            assert abs(estimate - truth) < 3 * error, (method, label, estimate, error, truth)
+            assert error < 0.25 * truth  # the data pin the parameters down (the test can fail)
+
+
+def test_hawkes_on_the_command_line_is_the_event_stream_fit(capsys):
+    assert app.main(["hawkes", "--end-time", "500", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["problem"] == "hawkes" and result["method"] == "batch" and result["events"] > 300
+    assert [row["name"] for row in result["parameters"]] == ["baseline", "adjacency", "decay"]
+    assert "hawkes" not in ft.examples.REGISTRY

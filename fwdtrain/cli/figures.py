@@ -9,9 +9,9 @@ the same functions, so the two cannot differ. Each problem's panels:
   over time against k*, the running cost against J(k*);
 - ou-calibration, double-well-calibration: the parameters over time against the target's, the learned
   stationary density against the target law;
-- sgdct-ou: the drift parameters over time against the truth, the loss;
-- hawkes: the intensity's parameters (mu, alpha, beta) over time against the truth, the negative
-  log-likelihood.
+- sgdct-ou: the drift parameters over time against the truth, the loss.
+
+The event-stream examples (``hawkes``, ``hawkes-2d``, ``order-book``) draw their own (``cli.events``).
 
 Needs matplotlib (object API only: no pyplot, no global state, no display).
 """
@@ -198,19 +198,6 @@ def sgdct_ou(run: Trained, axes: list[Any]) -> None:
     axes[1].set_title("loss r' a^-1 r / (2h) per record")
 
 
-def _exp_leaf(name: str) -> Callable[[Any], np.ndarray]:
-    return lambda theta: np.exp(theta[name].double().numpy())
-
-
-def hawkes(run: Trained, axes: list[Any]) -> None:
-    truth = {name: float(value) for name, value in run.example.reference.items()}
-    positive = {name: _exp_leaf(f"log_{name}") for name in truth}
-    panel_traces(axes[0], run.history, positive, truth)
-    axes[1].plot(times(run.history), run.history.cost.double().numpy(), color="tab:blue", alpha=0.6, linewidth=0.8)
-    axes[1].set_xlabel("t")
-    axes[1].set_title("negative log-likelihood per unit time")
-
-
 FIGURES: dict[str, tuple[Callable[[Trained, list[Any]], None], int]] = {
     "lqr-1d": (lqr_1d, 3),
     "lqr-nd": (lqr_nd, 2),
@@ -220,7 +207,6 @@ FIGURES: dict[str, tuple[Callable[[Trained, list[Any]], None], int]] = {
     "sgdct-ou": (sgdct_ou, 2),
     "jump-lqr": (jump_lqr, 3),
     "jump-lqr-proportional": (jump_lqr, 3),
-    "hawkes": (hawkes, 2),
 }
 
 

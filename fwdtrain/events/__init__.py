@@ -2,17 +2,22 @@
 
 ``data`` (event layouts and checks), ``models`` (``EventModel``: Hawkes, order book, a user's), ``expsums`` (the
 closed-form state of exponential kernels), ``likelihood`` (the exact log-likelihood with no grid), ``fitting``
-(batch MLE and online fits, standard errors), ``rescaling`` (time-rescaling residuals), ``thinning`` (simulation).
+(batch MLE and online fits, standard errors), ``rescaling`` (time-rescaling residuals), ``thinning`` (simulation),
+``diagnostics`` (log L of any events, AIC/BIC, the intensity on a grid, branching matrix), ``synthetic`` (a
+simulated LOBSTER message file).
 """
 
-from .data import EventData, as_events, from_table, from_tick, read_lobster
+from . import synthetic
+from .data import EventData, as_events, from_table, from_tick, merge_fills, read_lobster
+from .diagnostics import Evaluation, branching, evaluate, intensity, log_likelihood, spectral_radius
 from .fitting import FitResult, fit, information
-from .likelihood import log_likelihood, prepare
+from .likelihood import prepare
 from .models import EventModel, ExponentialKernel, Parameter, hawkes, intensity_model, order_book, pack, unpack
-from .rescaling import Goodness, goodness, ks_exponential, qq_plot
+from .rescaling import Goodness, goodness, ks_exponential, qq_plot, tie_threshold
 from .thinning import simulate
 
 __all__ = [
+    "Evaluation",
     "EventData",
     "EventModel",
     "ExponentialKernel",
@@ -20,20 +25,27 @@ __all__ = [
     "Goodness",
     "Parameter",
     "as_events",
+    "branching",
+    "evaluate",
     "fit",
     "from_table",
     "from_tick",
     "goodness",
     "hawkes",
     "information",
+    "intensity",
     "intensity_model",
     "ks_exponential",
     "log_likelihood",
+    "merge_fills",
     "order_book",
     "pack",
     "prepare",
     "qq_plot",
     "read_lobster",
     "simulate",
+    "spectral_radius",
+    "synthetic",
+    "tie_threshold",
     "unpack",
 ]

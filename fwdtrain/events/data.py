@@ -15,7 +15,7 @@ and the fix in the message. Ties (equal times) are allowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +55,13 @@ def _array(values: Any, name: str) -> np.ndarray:
         values = values.detach().cpu().numpy()
     elif hasattr(values, "to_numpy"):
         values = values.to_numpy()
+    raw = np.asarray(values)
+    if raw.dtype.kind in "mM" or (raw.dtype.kind == "O" and raw.size and hasattr(raw.reshape(-1)[0], "timestamp")):
+        raise TypeError(
+            f"{name} holds datetimes or durations: event times must be numbers (seconds); convert them, e.g. "
+            f"(t - t[0]) / np.timedelta64(1, 's') or, for a pandas column, (df.{name} - df.{name}.iloc[0])"
+            ".dt.total_seconds()"
+        )
     try:
         out = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -167,16 +174,20 @@ def from_table(
     types: int | None = None,
 ) -> EventData:
     """One realization from columns: ``time`` (n,) sorted, ``type`` (n,) integers in {0..K-1} (None: all 0),
-    ``mark`` (n,) or (n, q) (None: no marks). ``time`` may also be a pandas DataFrame with columns "time",
-    "type" and optionally "mark". K is ``types`` (default: the largest type + 1)."""
-    if hasattr(time, "columns"):
-        frame = time
-        if "time" not in frame.columns:
-            raise ValueError(f"the table needs a 'time' column, got columns {list(frame.columns)}")
-        type = frame["type"] if "type" in frame.columns else type
-        mark = frame["mark"] if "mark" in frame.columns else mark
-        time = frame["time"]
-    t = _array(time, "time").reshape(-1)
+    ``mark`` (n,) or (n, q) (None: no marks). ``time`` may also be a table, a pandas DataFrame or a dict of
+    columns: "time", optionally "type" and marks ("mark", or several columns whose names start with "mark", in
+    the table's order); other columns are refused. K is ``types`` (default: the largest type + 1)."""
+    if _is_table(time):
+        time, column_type, column_mark = _columns(time)
+        type = type if column_type is None else column_type
+        mark = mark if column_mark is None else column_mark
+    t = _array(time, "time")
+    if t.ndim > 1:
+        raise ValueError(
+            f"time must be 1-D (one time per event), got shape {t.shape}: for a table of rows (time, type, mark) "
+            "pass its columns, from_table(a[:, 0], a[:, 1], a[:, 2], end_time=...), or a DataFrame"
+        )
+    t = t.reshape(-1)
     start, end = _window(start_time, 1, "start_time"), _window(end_time, 1, "end_time")
     _check_times(t, "time", start[0], end[0])
     kinds = np.zeros(t.size) if type is None else _array(type, "type").reshape(-1)
@@ -195,7 +206,68 @@ def from_table(
     return _pack([(t, kinds.astype(np.int64), z)], start, end, k)
 
 
+def _is_table(value: Any) -> bool:
+    return hasattr(value, "columns") or isinstance(value, Mapping)
+
+
+def _columns(frame: Any) -> tuple[Any, Any, Any]:
+    """(time, type, mark) of a DataFrame or a dict of columns named "time", "type" and "mark..." (refused
+    otherwise)."""
+    columns = list(frame.keys()) if isinstance(frame, Mapping) else list(frame.columns)
+    names = [str(c) for c in columns]
+    marks = [c for c in columns if str(c).startswith("mark")]
+    unknown = [n for n in names if n not in ("time", "type") and not n.startswith("mark")]
+    if "time" not in names or unknown:
+        raise ValueError(
+            f"a table of events has the columns time, type (optional) and mark (optional; several: mark_*), got "
+            f"{names}: rename them, e.g. df.rename(columns={{'side': 'type', 'size': 'mark'}}), or drop the others"
+        )
+    kind = frame["type"] if "type" in names else None
+    mark = None if not marks else np.stack([_array(frame[c], str(c)).reshape(-1) for c in marks], axis=1)
+    return frame["time"], kind, mark
+
+
 LOBSTER_TYPES = {1: "submission", 2: "partial cancellation", 3: "deletion", 4: "execution", 5: "hidden execution"}
+EXECUTIONS = (4, 5)  # the LOBSTER types whose rows are fills of an aggressive order
+
+
+def _lobster_table(path: Any, header: bool) -> np.ndarray:
+    """The file's rows (n, >= 6) as numbers; a header row is skipped when ``header`` and else refused."""
+    with open(path) as file:
+        first = file.readline()
+    cells = first.strip().split(",")
+    try:
+        [float(cell) for cell in cells]
+        numeric = bool(first.strip())
+    except ValueError:
+        numeric = False
+    if not numeric and not header:
+        raise ValueError(
+            f"{path}: the first row {first.strip()[:60]!r} is not numbers: LOBSTER message files have no header "
+            "row; pass read_lobster(..., header=True) to skip it, or delete that row"
+        )
+    table = np.loadtxt(path, delimiter=",", ndmin=2, skiprows=1 if header and not numeric else 0)
+    if table.shape[1] < 6:
+        raise ValueError(
+            f"{path}: a LOBSTER message file has 6 columns (time, type, order id, size, price, direction), "
+            f"got {table.shape[1]}"
+        )
+    return table
+
+
+def merge_fills(time: np.ndarray, kind: np.ndarray, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """The rows (n,) with the fills of one aggressive order merged: consecutive execution rows (LOBSTER types 4,
+    5) at the same time, of the same type and direction, become one row with the summed size. Returns (m, 5):
+    columns (time, type, direction, size, fills), fills the number of rows merged into each."""
+    n = time.size
+    if n == 0:
+        return np.zeros((0, 5))
+    fill = np.isin(kind, EXECUTIONS)
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (time[1:] == time[:-1]) & (kind[1:] == kind[:-1]) & (direction[1:] == direction[:-1]) & fill[1:]
+    first = np.flatnonzero(~same)
+    fills = np.diff(np.append(first, n))
+    return np.stack([time[first], kind[first], direction[first], np.add.reduceat(size, first), fills], axis=1)
 
 
 def read_lobster(
@@ -203,45 +275,52 @@ def read_lobster(
     *,
     event_types: Sequence[int] = (4,),
     by_direction: bool = True,
+    merge: bool = True,
     end_time: float | None = None,
     start_time: float | None = None,
+    header: bool = False,
 ) -> EventData:
     """A LOBSTER message file (CSV columns: time in seconds after midnight, event type 1..7, order id, size,
     price, direction +1 buy / -1 sell) as events: the rows of ``event_types`` (default 4, visible executions),
     type = index in ``event_types`` times 2 plus 1 for a sell when ``by_direction`` (so with the default,
-    0 = buy-side execution, 1 = sell-side), marks (size, direction). The window is [start_time, end_time]
-    (default: the file's first and last time)."""
-    table = np.loadtxt(path, delimiter=",", ndmin=2)
-    if table.shape[1] < 6:
-        raise ValueError(
-            f"{path}: a LOBSTER message file has 6 columns (time, type, order id, size, price, direction), "
-            f"got {table.shape[1]}"
-        )
+    0 = buy-side execution, 1 = sell-side), marks (size, direction, fills).
+
+    An execution's direction is the side of the resting order it hits: a buy-side execution (direction +1,
+    type 0) is a seller-initiated trade. One aggressive order that walks the book leaves one row per resting
+    order it fills, all at one time; with ``merge`` (the default) those fills become one event, a market order,
+    with the summed size and the number of fills as marks (``merge_fills``); ``merge=False`` keeps one event per
+    fill (fills = 1). The window is [start_time, end_time] (default: the file's first and last time); a header
+    row is refused unless ``header=True``."""
+    table = _lobster_table(path, header)
     kinds = table[:, 1]
     unknown = np.setdiff1d(kinds, np.arange(1, 8))
     if unknown.size:
         raise ValueError(f"{path}: unknown LOBSTER event type {unknown[0]:g}; the format's types are 1..7")
-    keep = np.isin(kinds, np.asarray(event_types))
-    rows = table[keep]
-    order = np.argsort(np.asarray(event_types))  # position of each kept row's type in ``event_types``
-    index = order[np.searchsorted(np.asarray(event_types)[order], rows[:, 1])] if rows.size else np.zeros(0, int)
-    direction = rows[:, 5]
-    if not np.isin(direction, (-1.0, 1.0)).all():
+    rows = table[np.isin(kinds, np.asarray(event_types))]
+    if not np.isin(rows[:, 5], (-1.0, 1.0)).all():
         raise ValueError(f"{path}: direction must be +1 (buy) or -1 (sell)")
+    if merge:
+        events = merge_fills(rows[:, 0], rows[:, 1], rows[:, 3], rows[:, 5])
+    else:
+        events = np.stack([rows[:, 0], rows[:, 1], rows[:, 5], rows[:, 3], np.ones(len(rows))], axis=1)
+    time, kind, direction = events[:, 0], events[:, 1], events[:, 2]
+    order = np.argsort(np.asarray(event_types))  # position of each kept row's type in ``event_types``
+    index = order[np.searchsorted(np.asarray(event_types)[order], kind)] if kind.size else np.zeros(0, int)
     k = len(event_types) * (2 if by_direction else 1)
     kinds_out = index * 2 + (direction < 0) if by_direction else index
     start = float(table[0, 0]) if start_time is None else start_time
     end = float(table[-1, 0]) if end_time is None else end_time
-    marks = np.stack([rows[:, 3], direction], axis=1)
-    return from_table(rows[:, 0], kinds_out, marks, end_time=end, start_time=start, types=k)
+    marks = np.stack([events[:, 3], direction, events[:, 4]], axis=1)
+    return from_table(time, kinds_out, marks, end_time=end, start_time=start, types=k)
 
 
 def as_events(events: Any, end_time: Any = None, start_time: Any = 0.0, types: int | None = None) -> EventData:
     """``EventData`` from what a user has: an ``EventData`` (returned as is), tick's layout (a list of
-    realizations or of K arrays), a (n,) array or tensor of times (one type), or a pandas DataFrame."""
+    realizations or of K arrays), a (n,) array or tensor of times (one type), or a table (a pandas DataFrame
+    or a dict of columns, see ``from_table``)."""
     if isinstance(events, EventData):
         return events
-    if isinstance(events, (torch.Tensor, np.ndarray)) or hasattr(events, "columns"):
+    if isinstance(events, (torch.Tensor, np.ndarray)) or _is_table(events):
         return from_table(events, end_time=end_time, start_time=start_time, types=types)
     if isinstance(events, (list, tuple)):
         if events and all(isinstance(x, (int, float)) and math.isfinite(float(x)) for x in events):
@@ -268,4 +347,4 @@ def ties(data: EventData) -> torch.Tensor:
     return (cumulative - first) * data.mask[..., None]
 
 
-__all__ = ["EventData", "as_events", "from_table", "from_tick", "read_lobster", "ties"]
+__all__ = ["EventData", "as_events", "from_table", "from_tick", "merge_fills", "read_lobster", "ties"]

@@ -5,11 +5,17 @@
 is i.i.d. Exp(1) under the true model (the time-rescaling theorem); the first tau of each type runs from the
 window's start. ``goodness`` gives the residuals of each type, their Kolmogorov-Smirnov distance to Exp(1) and its
 p-value; ``qq_plot`` draws them against Exp(1)'s quantiles.
+
+Ties: an event at the same time as the previous event of its type has the residual 0 under any model, an atom
+that Exp(1) has not, so the KS distance is at least about the share of such events. ``goodness`` warns when that
+share for a type exceeds ``tie_threshold(n)`` = max(1%, half the 5% KS critical value 1.36 / sqrt(n)): the ties
+alone can then decide the test. For order-book data, merge the fills of one order (``read_lobster(merge=True)``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,15 +55,38 @@ def goodness(model: EventModel, params: dict[str, Any], events: Any, end_time: A
         run = forward(model, theta, prepared)
     data = prepared.data
     cumulative = torch.cumsum(run.compensators, 1)  # (R, n, K): Lambda_k at each event
-    residuals = []
+    residuals, tied = [], []
     for k in range(model.types):
-        pieces = []
+        pieces, count = [], 0
         for r in range(data.realizations):
-            at = cumulative[r, :, k][(data.types[r] == k) & data.mask[r]].numpy()
-            pieces.append(np.diff(at, prepend=0.0))
+            mine = (data.types[r] == k) & data.mask[r]
+            pieces.append(np.diff(cumulative[r, :, k][mine].numpy(), prepend=0.0))
+            count += int((torch.diff(data.times[r][mine]) == 0).sum())
         residuals.append(np.concatenate(pieces))
+        tied.append(count)
+    _warn_ties(residuals, tied)
     tests = [ks_exponential(values) for values in residuals]
     return Goodness(residuals, [d for d, _ in tests], [p for _, p in tests])
+
+
+def tie_threshold(n: int) -> float:
+    """The share of tied residuals above which ``goodness`` warns: max(0.01, 0.68 / sqrt(n)), half the 5% KS
+    critical value of n residuals (or 1%)."""
+    return max(0.01, 0.68 / math.sqrt(max(n, 1)))
+
+
+def _warn_ties(residuals: list[np.ndarray], tied: list[int]) -> None:
+    for k, (values, count) in enumerate(zip(residuals, tied, strict=True)):
+        share = count / max(values.size, 1)
+        if values.size and share > tie_threshold(values.size):
+            warnings.warn(
+                f"fwdtrain: {count} of the {values.size} type-{k} events ({share:.1%}) are at the same time as the "
+                f"previous one: their residuals are 0 under any model, so the KS distance is at least about "
+                f"{share:.2f} from the ties alone; merge simultaneous events (for LOBSTER fills of one order: "
+                "read_lobster(merge=True)) or break the ties before judging the fit",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def qq_plot(fit: Goodness, ax: Any = None) -> Any:
@@ -79,4 +108,4 @@ def qq_plot(fit: Goodness, ax: Any = None) -> Any:
     return ax
 
 
-__all__ = ["Goodness", "goodness", "ks_exponential", "qq_plot"]
+__all__ = ["Goodness", "goodness", "ks_exponential", "qq_plot", "tie_threshold"]

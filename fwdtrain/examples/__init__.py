@@ -7,15 +7,14 @@ Builders take keyword arguments particles, dt, steps, lr, seed, dtype (and their
     ft.run(ex.trainable, ex.initial_state(), ex.steps, ex.dt, ex.lr, ex.noise(seed))
 
 calibration and SGDCT examples name their ``problem`` (a ``fwdtrain.problems.Trainable``), SGDCT also its
-``start`` and observed ``data``. ``EVENT_REGISTRY`` maps the event-stream examples (``python -m fwdtrain hawkes-2d``,
-``order-book``) to their builders: point processes fitted by the exact likelihood, not by ``run``."""
+``start`` and observed ``data``. ``EVENT_REGISTRY`` maps the event-stream examples (``python -m fwdtrain hawkes``,
+``hawkes-2d``, ``order-book``) to their builders: point processes fitted by the exact likelihood, not by ``run``."""
 
 from collections.abc import Callable
 
 from ._example import Example
 from .calibration import double_well_calibration, double_well_moments, ou_calibration
-from .events import EVENT_REGISTRY, EventExample, hawkes_2d, order_book_events
-from .hawkes import hawkes_fit
+from .events import EVENT_REGISTRY, EventExample, hawkes_1d, hawkes_2d, order_book_events
 from .lqr import linear_control_cost, linear_slope, lqr_1d
 from .lqr_jumps import jump_linear_cost, jump_lqr, jump_lqr_proportional, jump_lqr_sde, jump_optimal_gain
 from .lqr_riccati import LQR, lqr_nd, lqr_problem, random_lqr, riccati
@@ -31,7 +30,6 @@ REGISTRY: dict[str, Callable[..., Example]] = {
     "ou-calibration": ou_calibration,
     "double-well-calibration": double_well_calibration,
     "sgdct-ou": sgdct_ou,
-    "hawkes": hawkes_fit,
 }
 DEFAULT = "lqr-1d"
 
@@ -44,8 +42,8 @@ __all__ = [
     "Example",
     "double_well_calibration",
     "double_well_moments",
+    "hawkes_1d",
     "hawkes_2d",
-    "hawkes_fit",
     "jump_linear_cost",
     "jump_lqr",
     "jump_lqr_proportional",

@@ -1,4 +1,8 @@
-"""Fitting an intensity model to observed events, online, by the point-process log-likelihood.
+"""Deprecated (goes in 0.6): the step-grid point processes of 0.4; ``fwdtrain.events`` (at ``fwdtrain.pointprocess``)
+fits the same models from raw event times by the exact likelihood (``fit``, ``hawkes``, ``intensity_model``,
+``simulate``, ``FitResult.stderr``). Importing this module warns.
+
+Fitting an intensity model to observed events, online, by the point-process log-likelihood.
 
 The model is a state Y (d,) driven by the events themselves, and an intensity of Y (a Hawkes process when
 Y is the excitation of past events):
@@ -24,6 +28,7 @@ outer products of the score increments.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +48,16 @@ from .cost import check_training_state
 from .trainable import Trainable
 
 NAMES = ("mu", "sigma", "cost", "jump", "likelihood")
+
+REPLACEMENT = (
+    "fwdtrain.events (at fwdtrain.pointprocess): fit(model, times, end_time=T, method='online' | 'batch'), "
+    "hawkes(), intensity_model(), simulate(), and FitResult.stderr"
+)
+warnings.warn(
+    f"fwdtrain.problems.pointprocess (the step-grid point processes) goes in fwdtrain 0.6; use {REPLACEMENT}",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
 def intensity_model(

@@ -1,0 +1,167 @@
+"""A fitted model judged on any events: the log-likelihood (held-out days too), AIC and BIC, the intensity on a
+time grid, and an exponential kernel's branching matrix and spectral radius.
+
+- ``log_likelihood(model, params, events)``: log L at ``params`` (natural units) of any events (``EventData``,
+  tick's layout, a table, raw times, or a ``prepare``d object);
+- ``evaluate``: log L with AIC = 2 p - 2 log L and BIC = p log n - 2 log L (p parameters, n events);
+- ``intensity(model, params, events, grid)``: lambda_k(t-) at the grid's times, the left limit (an event at a
+  grid time is not yet seen), from the state Y after the last event before each grid time, flowed to it;
+- ``branching``: the L1 norms int_0^inf phi_ij(t) dt = sum_u alpha_iju of an exponential kernel (tick's
+  parameterisation), and ``spectral_radius``: the process is stationary when it is < 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch.func import vmap
+
+from .data import D64, EventData, as_events
+from .expsums import linear_scan
+from .likelihood import Carry, Piece, Prepared, chunk, prepare
+from .likelihood import log_likelihood as _prepared_log_likelihood
+from .models import EventModel, size
+
+
+def _theta(params: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """theta as tensors (float64 where given as numbers; tensors as they are, so they stay differentiable)."""
+    return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v, dtype=D64) for k, v in params.items()}
+
+
+def _data(model: EventModel, events: Any, end_time: Any, start_time: Any) -> EventData:
+    data = as_events(events, end_time, start_time, model.types)
+    if data.dimension > model.types:
+        raise ValueError(
+            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.types}: "
+            "build the model with more types or relabel the events"
+        )
+    return data._replace(dimension=model.types)
+
+
+def log_likelihood(
+    model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None, start_time: Any = 0.0
+) -> torch.Tensor:
+    """log L (0-d, summed over realizations) of ``events`` under ``model`` at ``params`` (natural units; tensors
+    stay differentiable). ``events``: anything ``as_events`` takes, or a ``prepare``d object."""
+    prepared = events if isinstance(events, Prepared) else prepare(model, _data(model, events, end_time, start_time))
+    return _prepared_log_likelihood(model, _theta(params), prepared)
+
+
+class Evaluation(NamedTuple):
+    """log L of some events at given parameters, with p the number of parameters, n the number of events,
+    AIC = 2 p - 2 log L and BIC = p log n - 2 log L (smaller is better)."""
+
+    log_likelihood: float
+    parameters: int
+    events: int
+    aic: float
+    bic: float
+
+
+def evaluate(
+    model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None, start_time: Any = 0.0
+) -> Evaluation:
+    """log L, AIC and BIC of ``events`` (a held-out day, or the fitted ones) under ``model`` at ``params``."""
+    data = _data(model, events, end_time, start_time)
+    value = float(log_likelihood(model, params, data))
+    p, n = size(model), data.events
+    return Evaluation(value, p, n, 2 * p - 2 * value, p * math.log(n) - 2 * value)
+
+
+def _flow(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
+    """Y (B, d) after ``gap`` (B,) with no events: closed form for a ``decay``, else the likelihood's own
+    integrator (one ``chunk`` of a padding event, which flows the state and does not jump)."""
+    if model.decay is not None:
+        return y * torch.exp(-gap[:, None] * model.decay(theta))
+    if model.drift is None:
+        return y
+    b = y.shape[0]
+    substeps = max(1, math.ceil(float(gap.max()) / model.step)) if b else 1
+    none = torch.zeros((b, 1), dtype=torch.bool)
+    piece = Piece(
+        gap[:, None],
+        torch.zeros((b, 1), dtype=torch.int64),
+        torch.zeros((b, 1, 0), dtype=D64),
+        none,
+        torch.zeros((b, 1, model.types), dtype=D64),
+        none,
+        (substeps,),
+    )
+    carry, _, _ = chunk(model, theta, Carry((y, y), torch.zeros(b, dtype=D64)), piece)
+    return carry.state[0]
+
+
+def _after_events(model: EventModel, theta: Any, data: EventData) -> torch.Tensor:
+    """Y just after each event (R, n, d), Y(start) = 0; padding leaves it unchanged."""
+    r, n = data.times.shape
+    gaps = torch.diff(data.times, dim=1, prepend=data.start[:, None])
+    jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
+    if model.decay is not None and (model.additive or model.kernel is not None):
+        zeros = torch.zeros((r * n, model.dimension), dtype=D64)
+        flat = jump(theta, zeros, data.types.reshape(-1), data.marks.reshape(r * n, -1)).reshape(r, n, -1)
+        fades = torch.exp(-gaps[..., None] * model.decay(theta))
+        return linear_scan(fades, flat * data.mask[..., None].to(D64))
+    y = torch.zeros((r, model.dimension), dtype=D64)
+    out = []
+    for i in range(n):
+        y = _flow(model, theta, y, gaps[:, i])
+        y = y + data.mask[:, i, None].to(D64) * jump(theta, y, data.types[:, i], data.marks[:, i])
+        out.append(y)
+    return torch.stack(out, 1)
+
+
+def intensity(
+    model: EventModel,
+    params: dict[str, Any],
+    events: Any,
+    grid: Any,
+    end_time: Any = None,
+    start_time: Any = 0.0,
+) -> torch.Tensor:
+    """lambda(t-) (R, G, K) of ``events`` under ``model`` at ``params`` at the times ``grid`` ((G,) for every
+    realization or (R, G)), each at least its realization's start: the left limit, which excludes an event at
+    the grid time itself. Y is carried over the events once and flowed from the last event before each time."""
+    data = _data(model, events, end_time, start_time)
+    theta = _theta(params)
+    r = data.realizations
+    times = torch.as_tensor(grid, dtype=D64)
+    times = times.expand(r, -1).contiguous() if times.ndim == 1 else times
+    if times.ndim != 2 or times.shape[0] != r:
+        raise ValueError(f"grid must be (G,) or (R, G) = ({r}, G) times, got shape {tuple(times.shape)}")
+    early = times < data.start[:, None]
+    if bool(early.any()):
+        row, col = (int(i) for i in torch.nonzero(early)[0])
+        raise ValueError(
+            f"grid[{row}, {col}] = {float(times[row, col]):g} is before the window's start {float(data.start[row]):g}"
+        )
+    after = _after_events(model, theta, data)
+    last = torch.searchsorted(data.times, times, right=False) - 1  # the last event strictly before each time
+    seen = (last >= 0)[..., None]
+    index = last.clamp(min=0)
+    state = torch.where(seen, torch.gather(after, 1, index[..., None].expand(-1, -1, model.dimension)), 0.0)
+    since = torch.where(seen[..., 0], torch.gather(data.times, 1, index), data.start[:, None])
+    flat = _flow(model, theta, state.reshape(-1, model.dimension), (times - since).reshape(-1))
+    rates = vmap(model.rate, in_dims=(None, 0))(theta, flat)
+    return rates.reshape(r, times.shape[1], model.types)
+
+
+def branching(model: EventModel, params: dict[str, Any]) -> torch.Tensor:
+    """The branching matrix (K, K) of an exponential-kernel model: entry (i, j) the L1 norm of phi_ij, the mean
+    number of type-i events each type-j event triggers directly (tick's adjacency, summed over the decays)."""
+    if model.kernel is None:
+        raise TypeError(
+            "branching needs a model with exponential kernels (events.hawkes); this model's excitation is not a "
+            "kernel of past events, so it has no L1 norms"
+        )
+    return model.kernel.weights(_theta(params)).sum(1)
+
+
+def spectral_radius(model: EventModel, params: dict[str, Any]) -> float:
+    """The spectral radius of ``branching``: the process is stationary (its mean rates (I - B)^-1 mu finite)
+    when it is < 1."""
+    return float(torch.linalg.eigvals(branching(model, params)).abs().max())
+
+
+__all__ = ["Evaluation", "branching", "evaluate", "intensity", "log_likelihood", "spectral_radius"]
