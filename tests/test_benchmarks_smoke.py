@@ -66,6 +66,21 @@ def test_time_to_result_quick(tmp_path):
     assert warm["kernels"]["fallbacks"] == 0
 
 
+def test_bench_compile_stages_quick(tmp_path):
+    """One real compile on empty caches, timed by stage: every stage inductor runs on a fresh machine took time (the
+    instruction-set probe, the precompiled headers, export, code generation, the C++ compiler, the load), the
+    stages account for the call (what is left, fwdtrain's own work, is a small part), and the run trained what the
+    default did."""
+    payload = run_module("bench_compile_stages", tmp_path, "--quick")
+    (row,) = payload["rows"]
+    assert (row["variant"], row["machine"], row["same"]) == ("default", "fresh", True)
+    (sample,) = row["samples"]
+    assert sample["kernels"]["compiles"] == 1 and sample["kernels"]["fallbacks"] == 0
+    for stage in ("isa probe", "headers", "export", "codegen", "c++", "load"):
+        assert sample["calls"][stage] >= 1 and row["stages"][stage] > 0, stage
+    assert abs(sample["stages"]["rest"]) < 0.2 * sample["call_s"]
+
+
 def test_bench_memory_quick(tmp_path):
     result = run_module("bench_memory", tmp_path, "--quick")
     assert result["steps"] >= 500 and result["rss_final_mib"] > 0
