@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 HAS_JAX = importlib.util.find_spec("jax") is not None
 
 
-def run_module(module: str, tmp_path: Path, *args: str) -> dict:
+def run_module(module: str, tmp_path: Path, *args: str, timeout: int = 300) -> dict:
     out = tmp_path / f"{module}.json"
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(out.read_text())
@@ -71,7 +71,7 @@ def test_bench_compile_stages_quick(tmp_path):
     instruction-set probe, the precompiled headers, export, code generation, the C++ compiler, the load), the
     stages account for the call (what is left, fwdtrain's own work, is a small part), and the run trained what the
     default did."""
-    payload = run_module("bench_compile_stages", tmp_path, "--quick")
+    payload = run_module("bench_compile_stages", tmp_path, "--quick", timeout=1200)  # a compile: minutes at load 8
     (row,) = payload["rows"]
     assert (row["variant"], row["machine"], row["same"]) == ("default", "fresh", True)
     (sample,) = row["samples"]
