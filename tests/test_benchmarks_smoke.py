@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 HAS_JAX = importlib.util.find_spec("jax") is not None
 
 
-def run_module(module: str, tmp_path: Path, *args: str) -> dict:
+def run_module(module: str, tmp_path: Path, *args: str, timeout: int = 300) -> dict:
     out = tmp_path / f"{module}.json"
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(out.read_text())
@@ -64,6 +64,21 @@ def test_time_to_result_quick(tmp_path):
     assert all(row["call_s"] > 0 and row["process_s"] > row["call_s"] for row in rows)
     warm = next(row for row in rows if row["cache"] == "warm")["samples"][0]
     assert warm["kernels"]["fallbacks"] == 0
+
+
+def test_bench_compile_stages_quick(tmp_path):
+    """One real compile on empty caches, timed by stage: every stage inductor runs on a fresh machine took time (the
+    instruction-set probe, the precompiled headers, export, code generation, the C++ compiler, the load), the
+    stages account for the call (what is left, fwdtrain's own work, is a small part), and the run trained what the
+    default did."""
+    payload = run_module("bench_compile_stages", tmp_path, "--quick", timeout=1200)  # a compile: minutes at load 8
+    (row,) = payload["rows"]
+    assert (row["variant"], row["machine"], row["same"]) == ("default", "fresh", True)
+    (sample,) = row["samples"]
+    assert sample["kernels"]["compiles"] == 1 and sample["kernels"]["fallbacks"] == 0
+    for stage in ("isa probe", "headers", "export", "codegen", "c++", "load"):
+        assert sample["calls"][stage] >= 1 and row["stages"][stage] > 0, stage
+    assert abs(sample["stages"]["rest"]) < 0.2 * sample["call_s"]
 
 
 def test_bench_memory_quick(tmp_path):

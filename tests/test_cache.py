@@ -106,9 +106,74 @@ def test_a_prune_removes_aotinductors_build_folders_untouched_for_an_hour(monkey
     build_folder("cyoung", age=60.0)
     build_folder("precompiled_headers", age=2 * HOUR, wrapper=False)
     before = cache.usage().inductor_bytes
-    assert cache.prune() == cache.Pruned(removed=0, freed=stale, kept=0, size=0)
+    assert cache.prune() == cache.Pruned(removed=0, freed=stale, kept=0, size=before - stale)
     assert sorted(p.name for p in (cache.cache_dir() / "inductor").iterdir()) == ["cyoung", "precompiled_headers"]
     assert cache.usage().inductor_bytes == before - stale
+
+
+def inductor_file(relative: str, size: int, age: float) -> Path:
+    """A fake file of ``cache_dir() / "inductor"`` of ``size`` bytes, last written and read ``age`` seconds ago."""
+    path = cache.cache_dir() / "inductor" / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"i" * size)
+    when = time.time() - age
+    os.utime(path, (when, when))
+    return path
+
+
+def inductor_layout() -> None:
+    """Inductor's folder as a few compiles leave it, 1930 bytes: precompiled headers (a header and its compiled form,
+    4 h old, 1000 bytes; another, 3 h, 400), a cache bucket (a source and its library, 5 h, 300), a compile's build
+    folder of the last hour (200), two lock folders and the probe's record (10 each)."""
+    inductor_file("precompiled_headers/cold.h", 100, 4 * HOUR)
+    inductor_file("precompiled_headers/cold.h.gch", 900, 4 * HOUR)
+    inductor_file("precompiled_headers/warm.h.gch", 400, 3 * HOUR)
+    inductor_file("precompiled_headers/locks/cold.lock", 10, 4 * HOUR)
+    inductor_file("th/cprobe.cpp", 100, 5 * HOUR)
+    inductor_file("th/cprobe.so", 200, 5 * HOUR)
+    inductor_file("cbuild/cbuild.wrapper.cpp", 200, 0.5 * HOUR)
+    inductor_file("locks/cbuild.lock", 10, 0.5 * HOUR)
+    inductor_file("isa.json", 10, 5 * HOUR)
+
+
+def inductor_left() -> list[str]:
+    folder = cache.cache_dir() / "inductor"
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+
+
+def test_inductors_files_count_under_the_cap_and_go_oldest_first_with_the_packages(monkeypatch):
+    """Packages and inductor's files are one least-recently-used list under the cap: the oldest go first whatever
+    their kind (a header goes with its compiled form), never the package just written, never inductor's files of
+    the last hour (a compile may be using them), its locks or the probe's record."""
+    inductor_layout()
+    package("p4", 500, age=4.5 * HOUR)
+    package("p2", 500, age=2 * HOUR)
+    written = package("new", 500, age=6 * HOUR)
+    assert cache.usage().inductor_bytes == 1930 and cache.usage().total == 1930 + 1500
+    monkeypatch.setenv(cache.LIMIT_ENV, "2000")  # 3430 bytes: th (5 h, 300), p4 (4.5 h), cold.h (4 h, 1000) go
+    pruned = cache.prune(keep=written)
+    assert pruned == cache.Pruned(removed=1, freed=1800, kept=2, size=1630)
+    assert on_disk() == ["new.pt2", "p2.pt2"]
+    expected = ["cbuild/cbuild.wrapper.cpp", "isa.json", "locks/cbuild.lock", "precompiled_headers/locks/cold.lock"]
+    assert inductor_left() == sorted([*expected, "precompiled_headers/warm.h.gch"])
+    assert cache.usage().total == 1630
+    assert cache.prune_to(0, keep=written) == cache.Pruned(removed=1, freed=900, kept=1, size=730)
+    assert inductor_left() == expected  # the last hour's build folder, the locks and the record stay
+
+
+def test_no_file_of_inductor_goes_while_another_process_holds_one_of_its_locks(monkeypatch):
+    """A held lock in inductor's folder is a compile in progress, which may read any of its files (a header
+    made days ago): over the cap, only packages go then; once the lock is free, inductor's old files go too."""
+    fcntl = pytest.importorskip("fcntl")
+    inductor_layout()
+    package("old", 500, age=6 * HOUR)
+    lock = cache.cache_dir() / "inductor" / "locks" / "cbuild.lock"
+    with open(lock, "r+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another open file: as another process, flock() refuses the prune's
+        assert cache.prune_to(0) == cache.Pruned(removed=1, freed=500, kept=0, size=1930)
+        assert len(inductor_left()) == 9
+        fcntl.flock(held, fcntl.LOCK_UN)
+    assert cache.prune_to(0).freed == 1700 and len(inductor_left()) == 4
 
 
 @pytest.mark.parametrize(

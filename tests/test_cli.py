@@ -318,3 +318,41 @@ def test_the_command_line_writes_the_problems_figure(tmp_path, monkeypatch):
     argv = ["sgdct-ou", "--total-steps", "20", "--particles", "2", "--record-every", "10", "--no-progress"]
     assert cli.main([*argv, "--plot", str(tmp_path / "h.png")]) == 0
     assert drawn == ["sgdct-ou"]
+
+
+def test_the_steps_rate_leaves_the_compile_out_and_the_line_shows_it():
+    """The rate is the steps' from the first block boundary on; the wall time less those steps at that rate is the
+    startup, said as compiling, loading or starting by the kernels the run built or loaded."""
+    from fwdtrain.cli import report
+
+    trained = cli_train.Trained(state=None, history=None, wall=13.0, unsaved=None, steady=(900, 3.0), compiled=1)
+    rate, startup = report.rates(trained, 1000)
+    assert rate == 300.0 and startup == pytest.approx(13.0 - 1000 / 300.0)
+    assert report.rates(trained._replace(steady=None), 1000) == (1000 / 13.0, None)
+    assert report.rates(trained._replace(wall=1.0), 1000)[1] == 0.0  # never below 0
+    line = {"startup_s": startup, "kernels_compiled": 1, "kernels_loaded": 0}
+    assert report._startup(line) == ": compiling 9.7 s, then"
+    assert report._startup({**line, "kernels_compiled": 0, "kernels_loaded": 1}) == ": loading the kernel 9.7 s, then"
+    assert report._startup({**line, "kernels_compiled": 0}) == ": starting 9.7 s, then"
+    assert report._startup({**line, "startup_s": None}) == " ="
+
+
+def test_the_clock_times_the_steps_after_the_first_boundary_and_changes_no_result(registry, capsys):
+    """The command line's clock cuts the run at 16 boundaries: the same state as a run without it, and its steady
+    steps are those after the first boundary (40 steps: every 3, the first at step 3)."""
+    ex = tiny()
+    state = ft.init(ex.sde, ex.theta, ex.x0, ex.particles)
+    clock = cli_train._Clock(40)
+    with_clock = ft.run(ex.sde, state, 40, ex.dt, ex.lr, 0, hooks=(clock,), compile=False)
+    without = ft.run(ex.sde, state, 40, ex.dt, ex.lr, 0, compile=False)
+    assert clock.every == 3 and clock.steady() is not None and clock.steady()[0] == 40 - 3
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ft.core._tree.leaves(with_clock.state), ft.core._tree.leaves(without.state), strict=True)
+    )
+    assert cli.main(["tiny", "--steps", "40", "--json", "--no-plot", "--no-compile"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["startup_s"] is not None and result["steps_per_s"] > 0 and result["kernels_compiled"] == 0
+    assert cli.main(["tiny", "--steps", "40", "--no-plot", "--no-compile"]) == 0
+    line = r"this run 40 in [0-9.]+ s: starting [0-9.]+ s, then [0-9]+ steps/s \(eager\)"
+    assert re.search(line, capsys.readouterr().out)

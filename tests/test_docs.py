@@ -269,6 +269,37 @@ def test_every_public_name_has_a_docstring_and_an_api_entry() -> None:
             assert covered, f"fwdtrain.{module_name}.{name} has no API entry"
 
 
+def summary(page: Path) -> str:
+    """The hand-written part of an API page: its text above the first ``:::`` directive (what GitHub shows)."""
+    return page.read_text().split("\n::: ", 1)[0]
+
+
+def mentioned(text: str) -> set[str]:
+    """Every identifier inside a code span of ``text`` (`` `ft.run(sde, ...)` `` mentions ``ft``, ``run``, ``sde``)."""
+    return {word for span in re.findall(r"`([^`\n]+)`", text) for word in re.findall(r"[A-Za-z_]\w*", span)}
+
+
+def test_every_api_page_is_readable_without_its_directives_and_names_each_public_name() -> None:
+    """On GitHub an API page shows only its hand-written summary: every public name of ``fwdtrain`` is named in a
+    code span of the summary of the page holding its ``:::`` entry, and every name of a public submodule's
+    ``__all__`` in its own page's (``errors``: the Errors page), so that the pages cannot drift from the code."""
+    pages = {page: summary(page) for page in (DOCS / "api").glob("*.md")}
+    for page, text in pages.items():
+        assert len(re.sub(r"^#.*$", "", text, flags=re.M).split()) >= 25, f"{page.name} has no summary to read"
+    missing = []
+    for name in ft.__all__:
+        if inspect.ismodule(getattr(ft, name)):
+            continue
+        page = next(page for page in pages if re.search(rf"^::: fwdtrain\.{name}$", page.read_text(), re.M))
+        if name not in mentioned(pages[page]):
+            missing.append(f"{page.name}: {name}")
+    for module_name in (*SUBMODULES, "pointprocess"):
+        page = DOCS / "api" / f"{module_name}.md"
+        names = getattr(ft, module_name).__all__
+        missing += [f"{page.name}: {name}" for name in names if name not in mentioned(pages[page])]
+    assert not missing, f"public names the API pages' summaries do not name: {missing}"
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site built once with ``mkdocs build --strict`` (skipped without the ``docs`` extra)."""

@@ -13,8 +13,9 @@ from ..compile import cache
 
 
 def show() -> dict[str, Any]:
-    """The folder, its packages (count, bytes), their cap (bytes, None: no cap), the bytes of its ``inductor/``
-    and ``$TORCHINDUCTOR_CACHE_DIR`` when it names another folder (inductor's caches are there, not counted).
+    """The folder, its packages (count, bytes), the cap on them and its ``inductor/`` together (bytes, None: no
+    cap), the bytes of its ``inductor/`` and ``$TORCHINDUCTOR_CACHE_DIR`` when it names another folder (inductor's
+    caches are there, not counted).
     ``ValueError`` for a bad ``$FWDTRAIN_CACHE_LIMIT``."""
     limit = cache.limit_bytes()
     used = cache.usage()
@@ -37,9 +38,9 @@ def render(shown: dict[str, Any]) -> str:
     lines = [
         f"cache folder  {shown['folder']}",
         f"packages      {shown['packages']}, {cache.format_size(shown['package_bytes'])} (kernels/)",
-        f"cap           {cap} (${cache.LIMIT_ENV}; the least recently used packages are removed first)",
+        f"cap           {cap} (${cache.LIMIT_ENV}; packages and inductor/ together, the least recently used go first)",
         f"inductor      {cache.format_size(shown['inductor_bytes'])} "
-        "(inductor/: headers and the last hour's builds; --clear empties it)",
+        "(inductor/: its caches, headers and the last hour's builds; --clear empties it)",
     ]
     if shown["torchinductor_cache_dir"]:
         lines.append(f"              inductor writes to $TORCHINDUCTOR_CACHE_DIR={shown['torchinductor_cache_dir']}")

@@ -221,7 +221,7 @@ def _cache_command(sub: Any) -> None:
     command = sub.add_parser(
         CACHE,
         help=f"show {what}",
-        description=f"Show {what}; --clear removes them all, --limit prunes the packages now.",
+        description=f"Show {what}; --clear removes them all, --limit prunes them now.",
         usage=f"fwdtrain {CACHE} [--clear | --limit SIZE] [--json]",
     )
     action = command.add_mutually_exclusive_group()
@@ -230,8 +230,8 @@ def _cache_command(sub: Any) -> None:
         "--limit",
         type=_size,
         metavar="SIZE",
-        help="remove the least recently used packages until they hold at most SIZE (500M, 2G, 1.5GB, 512MiB, "
-        f"bytes); the cap of later runs is ${cache.LIMIT_ENV}",
+        help="remove the least recently used packages and inductor's files until they hold at most SIZE (500M, "
+        f"2G, 1.5GB, 512MiB, bytes); the cap of later runs is ${cache.LIMIT_ENV}",
     )
     command.add_argument("--json", action="store_true", help="print one JSON object instead of the lines")
 

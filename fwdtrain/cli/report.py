@@ -100,9 +100,21 @@ def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | 
     return Evaluation(metrics, plot, error, note, time.perf_counter() - start, False)
 
 
+def rates(trained: Trained, taken: int) -> tuple[float, float | None]:
+    """(steps per second, seconds before them): the rate of the steps from the run's first block boundary on, and
+    the wall time less those steps at that rate (the compile, a kernel's load, the first eager call), never below
+    0; (taken / wall, None) for a run that ended before a boundary."""
+    if trained.steady is None or trained.steady[1] <= 0:
+        return (taken / trained.wall if trained.wall > 0 else 0.0), None
+    steps, seconds = trained.steady
+    rate = steps / seconds
+    return rate, max(trained.wall - taken / rate, 0.0)
+
+
 def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, seed: int) -> dict[str, Any]:
     """The keys that a single run's result and each ensemble member's share."""
     taken = history.steps - job.done
+    rate, startup = rates(trained, taken)
     return {
         "problem": job.problem,
         "steps": history.steps,
@@ -118,7 +130,10 @@ def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, 
         **job.training,
         "averaged_iterates": int(state.average.count) if isinstance(state.average, optim.Average) else 0,
         "wall_s": trained.wall,
-        "steps_per_s": taken / trained.wall if trained.wall > 0 else 0.0,
+        "steps_per_s": rate,  # the steps alone: a compile before them is startup_s
+        "startup_s": startup,
+        "kernels_compiled": trained.compiled,
+        "kernels_loaded": trained.loaded,
         "route": history.route if taken else None,  # how this run's steps ran: "compiled" or "eager"
     }
 
@@ -197,7 +212,10 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
         "steps": history.steps,
         "steps_this_run": taken,
         "wall_s": trained.wall,
-        "member_steps_per_s": len(results) * taken / trained.wall if trained.wall > 0 else 0.0,
+        "member_steps_per_s": len(results) * rates(trained, taken)[0],
+        "startup_s": rates(trained, taken)[1],
+        "kernels_compiled": trained.compiled,
+        "kernels_loaded": trained.loaded,
         "checkpoint": None if trained.unsaved else job.args.checkpoint,
         "checkpoint_error": trained.unsaved,
         "plot_error": None,
@@ -236,8 +254,8 @@ def table(result: dict[str, Any]) -> str:
             f"iterates with t >= {result['average_from']:g} (--average-from)"
         )
     this_run = (
-        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s = {result['steps_per_s']:.0f} steps/s "
-        f"({result['route']})"
+        f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s{_startup(result)} "
+        f"{result['steps_per_s']:.0f} steps/s ({result['route']})"
         if result["steps_this_run"]
         else "none this run"
     )
@@ -246,6 +264,20 @@ def table(result: dict[str, Any]) -> str:
     )
     lines += _tail(result)
     return "\n".join(lines)
+
+
+def _startup(result: dict[str, Any]) -> str:
+    """': 31.2 s compiling, then' (or loading the kernel, or starting) before the steps' rate; ' =' where the run
+    ended before its time could be split."""
+    if result.get("startup_s") is None:
+        return " ="
+    if result["kernels_compiled"]:
+        what = "compiling"
+    elif result["kernels_loaded"]:
+        what = "loading the kernel"
+    else:
+        what = "starting"
+    return f": {what} {result['startup_s']:.1f} s, then"
 
 
 def _tail(result: dict[str, Any]) -> list[str]:
@@ -286,8 +318,8 @@ def ensemble_table(result: dict[str, Any]) -> str:
     if result["diverged"]:
         lines.append(f"diverged (frozen, left out): seeds {', '.join(map(str, result['diverged']))}")
     lines.append(
-        f"steps {result['steps']} in total, this run {result['steps_this_run']} in {result['wall_s']:.1f} s = "
-        f"{result['member_steps_per_s']:.0f} member-steps/s"
+        f"steps {result['steps']} in total, this run {result['steps_this_run']} in {result['wall_s']:.1f} s"
+        f"{_startup(result)} {result['member_steps_per_s']:.0f} member-steps/s"
     )
     lines += [line for line in _tail({**result, "interrupted": False}) if not line.startswith("diverged")]
     return "\n\n".join(blocks + ["\n".join(lines)])
@@ -308,6 +340,7 @@ __all__ = [
     "ensemble_result",
     "ensemble_table",
     "evaluate",
+    "rates",
     "relative_error",
     "render",
     "report",

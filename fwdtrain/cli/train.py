@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal, NamedTuple
 
 from .. import distributed
+from ..compile import kernels
 from ..compile.options import Compile
 from ..core.errors import CheckpointWriteError, DivergenceError
 from ..driver.checkpoint import save
@@ -17,21 +19,53 @@ from .configure import Job
 
 
 class Trained(NamedTuple):
-    """The run's final state and history, its wall time, and the error of a checkpoint that was not written."""
+    """The run's final state and history, its wall time, and the error of a checkpoint that was not written;
+    ``steady``: (steps, seconds) from the run's first block boundary to its end (the steps alone, a compile or a
+    kernel's load before them left out; None for a run with no boundary before its end); ``compiled`` and
+    ``loaded``: the kernels the run compiled and loaded from disk."""
 
     state: Any
     history: Any
     wall: float
     unsaved: str | None
+    steady: tuple[int, float] | None = None
+    compiled: int = 0
+    loaded: int = 0
+
+
+class _Clock(Hook):
+    """Times the steps from the run's first block boundary on, where a compile (or a kernel's load) is done: the
+    run is cut at ``PIECES`` boundaries (a few block ends more: no change to what the run computes)."""
+
+    PIECES = 16
+
+    def __init__(self, steps: int) -> None:
+        self.every = max(1, math.ceil(steps / self.PIECES))
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+
+    def at(self, loop: Any) -> None:
+        mark = (loop.carry.n, time.perf_counter())
+        self.first, self.last = self.first or mark, mark
+
+    def end(self, loop: Any, interrupted: bool) -> None:
+        if self.first is not None and loop.carry.n > self.first[0]:
+            self.last = (loop.carry.n, time.perf_counter())
+
+    def steady(self) -> tuple[int, float] | None:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return None
+        return self.last[0] - self.first[0], self.last[1] - self.first[1]
 
 
 class Diverged(Exception):
     """The run diverged (exit status 3): the message says where, and where the last finite state is kept."""
 
 
-def _hooks(job: Job) -> tuple[Hook, ...]:
+def _hooks(job: Job, clock: _Clock) -> tuple[Hook, ...]:
     args = job.args
     hooks: list[Hook] = [Checkpointing(args.checkpoint, args.checkpoint_every, job.metadata)] if args.checkpoint else []
+    hooks.append(clock)
     if not (args.no_progress or args.json):
         hooks.append(Progress(enabled=None))
     return tuple(hooks)
@@ -81,13 +115,15 @@ def train(job: Job) -> Trained:
     could not be written at the end is reported in ``Trained.unsaved``, the results kept."""
     args = job.args
     enabled: bool | Literal["auto"] = "auto" if args.compile is None else bool(args.compile or args.fuse)
+    clock = _Clock(job.remaining)
     options = dict(
         save=SaveAt(args.record_every),
         optimizer=job.rule,
         solver=job.training["solver"],
-        hooks=_hooks(job),
+        hooks=_hooks(job, clock),
         compile=Compile(enabled, unroll=args.fuse or 1),
     )
+    before = kernels.counts()
     start, unsaved = time.perf_counter(), None
     try:
         state, history = _run(job, options)
@@ -104,7 +140,16 @@ def train(job: Job) -> Trained:
         raise
     except CheckpointWriteError as error:  # trained, not saved: report the results all the same
         state, history, unsaved = error.state, error.history, str(error)
-    return Trained(state, history, time.perf_counter() - start, unsaved)
+    wall, after = time.perf_counter() - start, kernels.counts()
+    return Trained(
+        state=state,
+        history=history,
+        wall=wall,
+        unsaved=unsaved,
+        steady=clock.steady(),
+        compiled=after["compiles"] - before["compiles"],
+        loaded=after["loads"] - before["loads"],
+    )
 
 
 __all__ = ["Diverged", "Trained", "train"]

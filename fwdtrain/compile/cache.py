@@ -32,7 +32,7 @@ import torch
 
 CACHE_ENV = "FWDTRAIN_CACHE_DIR"
 LIMIT_ENV = "FWDTRAIN_CACHE_LIMIT"
-DEFAULT_LIMIT_BYTES = 1_000_000_000  # 1 GB of packages
+DEFAULT_LIMIT_BYTES = 1_000_000_000  # 1 GB of packages and inductor's files
 STALE_SECONDS = 3600.0  # a temporary file this old is a crashed compile's
 FORMAT = 2  # fwdtrain's kernel format: bump when the way graphs are called changes (2: the loop's packed carry)
 
@@ -169,8 +169,9 @@ def format_size(size: float) -> str:
 
 
 def limit_bytes() -> int | None:
-    """The packages' cap in bytes: ``$FWDTRAIN_CACHE_LIMIT`` (``parse_size``), else ``DEFAULT_LIMIT_BYTES``;
-    None: no cap. ``ValueError`` naming the variable, its value and the accepted forms for a bad value."""
+    """The cache's cap in bytes (its packages and inductor's files): ``$FWDTRAIN_CACHE_LIMIT`` (``parse_size``),
+    else ``DEFAULT_LIMIT_BYTES``; None: no cap. ``ValueError`` naming the variable, its value and the accepted forms
+    for a bad value."""
     text = os.environ.get(LIMIT_ENV, "")
     if not text.strip():
         return DEFAULT_LIMIT_BYTES
@@ -190,7 +191,8 @@ def touch(path: str | os.PathLike[str]) -> None:
 
 
 class Pruned(NamedTuple):
-    """What a prune did: packages removed and their bytes; packages left and their bytes."""
+    """What a prune did: packages removed and the bytes freed (inductor's files' included); packages left and the
+    bytes left under the cap (the packages and ``inductor/``)."""
 
     removed: int
     freed: int
@@ -198,11 +200,22 @@ class Pruned(NamedTuple):
     size: int
 
 
+class _Piece(NamedTuple):
+    """One removable piece of ``cache_dir() / "inductor"``: its paths, its bytes, when it was last used (the newest
+    modification or access time of its files) and whether it is an AOTInductor build folder."""
+
+    paths: tuple[str, ...]
+    bytes: int
+    used: float
+    build: bool
+
+
 def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> Pruned:
-    """Remove the least recently used packages of ``cache_dir() / "kernels"`` until their total is at most
-    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*`` files older than ``STALE_SECONDS``,
-    ``*.rejected`` packages and AOTInductor's stale build folders (``_prune_build_folders``; their bytes count in
-    ``freed``). One scan of the folder; a file that another process removed first is skipped."""
+    """Bring the cache within ``limit`` bytes (None: no cap), the packages of ``kernels/`` and inductor's files in
+    ``inductor/`` counted together: the least recently used go first, never ``keep``, never a file of ``inductor/``
+    written in the last ``STALE_SECONDS`` nor any while another process compiles there (``_compiling``: it may
+    be using them). Always removed: ``.tmp-*`` files and AOTInductor's build folders untouched for
+    ``STALE_SECONDS`` and ``*.rejected`` packages. A file that another process removed first is skipped."""
     folder = cache_dir() / "kernels"
     kept_name = Path(keep).name if keep is not None else None
     packages: list[tuple[float, str, int]] = []  # (last use, name, bytes)
@@ -211,7 +224,7 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return Pruned(0, _prune_build_folders(now), 0, 0)
+        entries = []
     for entry in entries:
         try:
             stat = entry.stat(follow_symlinks=False)
@@ -224,40 +237,121 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
                 packages.append((stat.st_mtime, entry.name, stat.st_size))
         except FileNotFoundError:
             continue
-    size = sum(bytes_ for _, _, bytes_ in packages)
-    for _, name, bytes_ in sorted(packages):  # oldest use first
-        if limit is None or size <= limit:
+    pieces, other = _inductor_pieces()
+    stale = [piece for piece in pieces if piece.build and now - piece.used > STALE_SECONDS]
+    freed += sum(_remove(piece) for piece in stale)
+    pieces = [piece for piece in pieces if piece not in stale]
+    size = sum(bytes_ for _, _, bytes_ in packages) + sum(piece.bytes for piece in pieces) + other
+    if limit is None or size <= limit:
+        return Pruned(removed, freed, len(packages), size)
+    removable = not _compiling()
+    candidates: list[tuple[float, str, int, _Piece | None]] = [
+        (used, name, bytes_, None) for used, name, bytes_ in packages if name != kept_name
+    ]
+    candidates += [
+        (piece.used, piece.paths[0], piece.bytes, piece)
+        for piece in pieces
+        if removable and not piece.build and now - piece.used > STALE_SECONDS
+    ]
+    for _, name, bytes_, piece in sorted(candidates, key=lambda candidate: candidate[:2]):  # oldest use first
+        if size <= limit:
             break
-        if name == kept_name:
-            continue
         size -= bytes_
-        if _unlink(os.path.join(folder, name), bytes_):
+        if piece is not None:
+            freed += _remove(piece)
+        elif _unlink(os.path.join(folder, name), bytes_):
             removed, freed = removed + 1, freed + bytes_
-    return Pruned(removed, freed + _prune_build_folders(now), len(packages) - removed, size)
+    return Pruned(removed, freed, len(packages) - removed, size)
 
 
-def _prune_build_folders(now: float) -> int:
-    """Remove the build folders AOTInductor left in ``cache_dir() / "inductor"`` (one per compile, holding its
-    ``*.wrapper.cpp``, objects and library: a copy of what its package holds) untouched for ``STALE_SECONDS``; a
-    younger one may be another process's compile in progress. Returns the bytes freed."""
-    freed = 0
+def _inductor_pieces() -> tuple[list[_Piece], int]:
+    """The removable pieces of ``cache_dir() / "inductor"`` and the bytes of the rest (its ``locks/`` folders and
+    the files at its top, such as the instruction-set probe's record). A folder holding an AOTInductor wrapper's
+    source at its top is a compile's build folder (a copy of what its package holds): one piece. In every other
+    folder (inductor's caches, the precompiled headers) each entry is one piece, with the entries that share its
+    name up to the first dot (a source and its library, a header and its precompiled form)."""
+    pieces: list[_Piece] = []
+    other = 0
     try:
-        entries = [entry for entry in os.scandir(cache_dir() / "inductor") if entry.is_dir(follow_symlinks=False)]
+        tops = list(os.scandir(cache_dir() / "inductor"))
     except OSError:
-        return 0
-    for entry in entries:
-        try:  # a build folder holds its wrapper's source at its top: inductor's other folders are not walked
-            if not any(name.endswith(".wrapper.cpp") for name in os.listdir(entry.path)):
+        return pieces, other
+    for top in tops:
+        try:
+            if not top.is_dir(follow_symlinks=False):
+                other += top.stat(follow_symlinks=False).st_size
                 continue
-            files = [os.path.join(root, name) for root, _, names in os.walk(entry.path) for name in names]
+            names = os.listdir(top.path)
+        except OSError:
+            continue
+        if top.name == "locks":
+            other += _folder_bytes(Path(top.path))
+            continue
+        if any(name.endswith(".wrapper.cpp") for name in names):
+            pieces.append(_piece([top.path], build=True))
+            continue
+        groups: dict[str, list[str]] = {}
+        for name in names:
+            if name == "locks":
+                other += _folder_bytes(Path(top.path, name))
+            else:
+                groups.setdefault(name.split(".")[0], []).append(os.path.join(top.path, name))
+        pieces += [_piece(paths, build=False) for paths in groups.values()]
+    return [piece for piece in pieces if piece.paths], other
+
+
+def _piece(paths: list[str], build: bool) -> _Piece:
+    """The piece of ``paths`` (files or folders); the paths that vanished meanwhile left out."""
+    found, size, used = [], 0, 0.0
+    for path in paths:
+        files = [path] if not os.path.isdir(path) else [os.path.join(r, n) for r, _, ns in os.walk(path) for n in ns]
+        try:
             stats = [os.lstat(name) for name in files]
         except OSError:
-            continue  # changing under another process's compile
-        if stats and now - max(stat.st_mtime for stat in stats) > STALE_SECONDS:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            if not os.path.exists(entry.path):
-                freed += sum(stat.st_size for stat in stats)
-    return freed
+            continue  # changing under another process
+        found.append(path)
+        size += sum(stat.st_size for stat in stats)
+        used = max([used, *(max(stat.st_mtime, stat.st_atime) for stat in stats)])
+    return _Piece(tuple(found), size, used, build)
+
+
+def _remove(piece: _Piece) -> int:
+    """Remove the piece's paths; its bytes if they are gone after, 0 otherwise."""
+    for path in piece.paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            _unlink(path, 0)
+    return piece.bytes if not any(os.path.lexists(path) for path in piece.paths) else 0
+
+
+def _compiling() -> bool:
+    """Whether another process holds one of inductor's locks in ``cache_dir() / "inductor"`` (its ``locks/`` and
+    the precompiled headers' ``locks/``): a compile in progress there, which may be reading any of its files.
+    True where locks cannot be tested (no ``fcntl``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    inductor = cache_dir() / "inductor"
+    for folder in (inductor / "locks", inductor / "precompiled_headers" / "locks"):
+        try:
+            locks = [entry.path for entry in os.scandir(folder) if entry.name.endswith(".lock")]
+        except OSError:
+            continue
+        for lock in locks:
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                return True
+            finally:
+                os.close(fd)
+    return False
 
 
 def prune(keep: str | os.PathLike[str] | None = None) -> Pruned:
@@ -284,11 +378,17 @@ def _unlink(path: str, size: int) -> int:
 
 
 class Usage(NamedTuple):
-    """The cache folder's contents: the packages (count, bytes) and inductor's folder (bytes)."""
+    """The cache folder's contents: the packages (count, bytes) and inductor's folder (bytes); ``total``, what the
+    cap counts, is both."""
 
     packages: int
     package_bytes: int
     inductor_bytes: int
+
+    @property
+    def total(self) -> int:
+        """The bytes the cap counts: the packages' and inductor's."""
+        return self.package_bytes + self.inductor_bytes
 
 
 def usage() -> Usage:
