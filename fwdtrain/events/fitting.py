@@ -4,7 +4,8 @@ Both fits run on the unconstrained u (``models.pack``: logarithms of the positiv
 natural units.
 
 - batch: Newton's method on log L(u) with the exact gradient and Hessian of one pass (torch.func), damped
-  (Levenberg) until the step stops; or L-BFGS (``solver="lbfgs"``).
+  (Levenberg) until the step stops (``newton.projected_newton``); or L-BFGS (``solver="lbfgs"``). The result
+  says whether the solver converged; ``fit`` warns when it did not or when a standard error is NaN.
 - online: one pass over the events in blocks of ``block``; the sensitivity dY/du of the carried state goes with
   the state (forward mode: a jvp of each chunk with tangents (I, dY/du)), the block's score s_n = D log L updates
   u by Adam on -s_n / (events in the block) at rate lr / (1 + n / lr_decay)^(1/2) (n the block count), and the
@@ -18,6 +19,7 @@ d^2 L/du^2 = J H J + diag(g theta), J = diag(theta).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -27,13 +29,14 @@ from ..optim import adam, apply_updates
 from .data import EventData, as_events
 from .likelihood import Carry, Prepared, chunk, forward, init, jet_log_likelihood, kernel_jets, pieces, prepare
 from .models import EventModel, pack, unpack
+from .newton import Newton, projected_newton
 
 
 class FitResult(NamedTuple):
     """A fit: ``params`` and ``stderr`` (dicts in natural units), the covariance (p, p) of the flattened
     parameters (``models.pack`` order, natural units), log L at params, the observed information, how many
-    iterations (batch) or blocks (online), and the online path of params (one dict of tensors, leading axis
-    the blocks; empty for batch)."""
+    iterations (batch) or blocks (online), the online path of params (one dict of tensors, leading axis
+    the blocks; empty for batch), whether the solver converged and why it stopped."""
 
     params: dict[str, torch.Tensor]
     stderr: dict[str, torch.Tensor]
@@ -44,6 +47,8 @@ class FitResult(NamedTuple):
     iterations: int
     events: int
     path: dict[str, torch.Tensor]
+    converged: bool
+    reason: str
 
 
 def _objective(model: EventModel, prepared: Prepared, scale: float):
@@ -78,6 +83,10 @@ def natural_information(
     return -(curvature - torch.diag(chain)) / (theta[:, None] * theta[None, :])
 
 
+def _bounded_mask(model: EventModel) -> torch.Tensor:
+    return torch.zeros(sum(math.prod(s.shape) for s in model.parameters.values()), dtype=torch.bool)
+
+
 def _errors(model: EventModel, information: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     covariance = torch.linalg.pinv(information, hermitian=True)
     variance = covariance.diagonal()
@@ -97,32 +106,7 @@ def information(model: EventModel, params: dict[str, Any], events: Any, end_time
     return natural_information(model, u, *derivatives(model, prepared, u))
 
 
-def _newton(
-    model: EventModel, prepared: Prepared, u: torch.Tensor, iterations: int, tolerance: float
-) -> tuple[torch.Tensor, int]:
-    """Levenberg-damped Newton ascent on log L(u) / N; stops when the step is below ``tolerance``."""
-    scale = max(prepared.data.events, 1)
-    objective = _objective(model, prepared, scale)
-    value = objective(u)
-    damping = 1e-8
-    eye = torch.eye(u.numel(), dtype=u.dtype)
-    for count in range(1, iterations + 1):
-        gradient, curvature = (d / scale for d in derivatives(model, prepared, u))
-        while True:
-            step = torch.linalg.solve(-curvature + damping * eye * (1 + curvature.diagonal().abs()), gradient)
-            trial = objective(u + step)
-            if bool(torch.isfinite(trial)) and float(trial) >= float(value) - 1e-15:
-                break
-            damping *= 10
-            if damping > 1e12:
-                return u, count
-        u, value, damping = u + step, trial, max(damping / 10, 1e-12)
-        if float(step.abs().max()) < tolerance:
-            return u, count
-    return u, iterations
-
-
-def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -> tuple[torch.Tensor, int]:
+def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -> Newton:
     u = u.clone().requires_grad_(True)
     optimizer = torch.optim.LBFGS(
         [u],
@@ -140,15 +124,42 @@ def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -
         return loss
 
     optimizer.step(closure)
-    return u.detach(), int(optimizer.state[u].get("n_iter", 0))
+    count = int(optimizer.state[u].get("n_iter", 0))
+    gradient = u.grad if u.grad is not None else torch.zeros_like(u)
+    converged = bool(gradient.abs().max() <= tolerance) if u.numel() else True
+    reason = "converged" if converged else f"gradient above {tolerance:g} after {count} iterations"
+    return Newton(u.detach(), converged, reason, count)
 
 
-def _finish(model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, count: int, path: dict) -> FitResult:
+def _finish(
+    model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, solver: Newton, path: dict
+) -> FitResult:
     gradient, curvature = derivatives(model, prepared, u)
     observed = natural_information(model, u, gradient, curvature)
     covariance, stderr = _errors(model, observed)
-    value = float(_objective(model, prepared, 1.0)(u))
-    return FitResult(unpack(model, u), stderr, covariance, value, observed, method, count, prepared.data.events, path)
+    return FitResult(
+        params=unpack(model, u),
+        stderr=stderr,
+        covariance=covariance,
+        log_likelihood=float(_objective(model, prepared, 1.0)(u)),
+        information=observed,
+        method=method,
+        iterations=solver.iterations,
+        events=prepared.data.events,
+        path=path,
+        converged=solver.converged,
+        reason=solver.reason,
+    )
+
+
+def _warn(result: FitResult) -> None:
+    """One warning when the solver did not converge or a standard error is NaN."""
+    problems = [] if result.converged else [f"the {result.method} fit did not converge: {result.reason}"]
+    missing = [name for name, error in result.stderr.items() if bool(torch.isnan(error).any())]
+    if missing:
+        problems.append(f"NaN standard errors in {missing} (the information is singular there)")
+    if problems:
+        warnings.warn(f"fwdtrain: {'; '.join(problems)}", RuntimeWarning, stacklevel=3)
 
 
 def batch(
@@ -161,13 +172,16 @@ def batch(
 ) -> FitResult:
     """The exact maximum-likelihood estimate from ``start`` (see the module's docstring)."""
     u = pack(model, start)
+    scale = max(prepared.data.events, 1)
+    objective = _objective(model, prepared, scale)
     if solver == "newton":
-        u, count = _newton(model, prepared, u, iterations, tolerance)
+        scaled = lambda w: tuple(d / scale for d in derivatives(model, prepared, w))
+        result = projected_newton(objective, scaled, u, _bounded_mask(model), iterations, tolerance)  # type: ignore[arg-type]
     elif solver == "lbfgs":
-        u, count = _lbfgs(_objective(model, prepared, max(prepared.data.events, 1)), u, iterations, tolerance)
+        result = _lbfgs(objective, u, iterations, tolerance)
     else:
         raise ValueError(f"solver must be 'newton' or 'lbfgs', got {solver!r}")
-    return _finish(model, prepared, u, "batch", count, {})
+    return _finish(model, prepared, result.x, "batch", result, {})
 
 
 def _block_step(model: EventModel, prepared: Prepared, piece: Any, u: torch.Tensor, carry: Carry, tangents: tuple):
@@ -217,7 +231,8 @@ def online(
         path.append(u)
     final = mean if averaged else u
     trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path))
-    return _finish(model, prepared, final, "online", len(path), trajectory)
+    ended = Newton(final, True, "one pass", len(path))
+    return _finish(model, prepared, final, "online", ended, trajectory)
 
 
 def fit(
@@ -244,9 +259,9 @@ def fit(
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
     pack(model, theta)  # checked before any work
-    if method == "batch":
-        return batch(model, prepared, theta, **options)
-    return online(model, prepared, theta, **options)
+    result = (batch if method == "batch" else online)(model, prepared, theta, **options)
+    _warn(result)
+    return result
 
 
 __all__ = ["FitResult", "batch", "derivatives", "fit", "information", "natural_information", "online"]
