@@ -1,7 +1,7 @@
 """Fitting an ``EventModel`` to events: the exact maximum likelihood (batch) or online, with standard errors.
 
-Both fits run on the unconstrained u (``models.pack``: logarithms of the positive parameters); results are in
-natural units.
+Both fits run on u (``models.pack``: logarithms of the positive parameters; the nonnegative ones, such as the
+Hawkes adjacency, as they are, with a bound at 0 that Newton respects by projection); results are in natural units.
 
 - batch: Newton's method on log L(u) with the exact gradient and Hessian of one pass (torch.func), damped
   (Levenberg) until the step stops (``newton.projected_newton``); or L-BFGS (``solver="lbfgs"``). The result
@@ -13,7 +13,9 @@ natural units.
 
 Standard errors: sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
 estimate, from the same pass as the Hessian in u: with theta = exp(u) for a positive parameter,
-d^2 L/du^2 = J H J + diag(g theta), J = diag(theta).
+d^2 L/du^2 = J H J + diag(g theta), J = diag(theta). A nonnegative entry at its bound 0 (``FitResult.at_bound``)
+has a NaN standard error (the estimate's law there is not the normal that the information describes); the other
+errors invert the information of the free entries, the bound ones held at 0.
 """
 
 from __future__ import annotations
@@ -29,17 +31,20 @@ from ..optim import adam, apply_updates
 from .data import EventData, as_events
 from .likelihood import Carry, Prepared, chunk, forward, init, jet_log_likelihood, kernel_jets, pieces, prepare
 from .models import EventModel, pack, unpack
-from .newton import Newton, projected_newton
+from .newton import Newton, project, projected_newton
 
 
 class FitResult(NamedTuple):
-    """A fit: ``params`` and ``stderr`` (dicts in natural units), the covariance (p, p) of the flattened
+    """A fit: ``params`` and ``stderr`` (dicts in natural units), ``at_bound`` (dict of bool tensors: the
+    nonnegative entries that sit at 0, whose standard errors are NaN: the information's inverse does not describe
+    an estimate at its bound; the other errors condition on them), the covariance (p, p) of the flattened
     parameters (``models.pack`` order, natural units), log L at params, the observed information, how many
     iterations (batch) or blocks (online), the online path of params (one dict of tensors, leading axis
     the blocks; empty for batch), whether the solver converged and why it stopped."""
 
     params: dict[str, torch.Tensor]
     stderr: dict[str, torch.Tensor]
+    at_bound: dict[str, torch.Tensor]
     covariance: torch.Tensor
     log_likelihood: float
     information: torch.Tensor
@@ -67,36 +72,42 @@ def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple
     return first, curvature
 
 
-def _positive_mask(model: EventModel) -> torch.Tensor:
-    return torch.cat(
-        [torch.full((math.prod(s.shape),), s.positive, dtype=torch.bool) for s in model.parameters.values()]
-    )
+def _mask(model: EventModel, domain: str) -> torch.Tensor:
+    """(p,) True on the entries of the parameters whose ``domain`` ("positive" or "nonnegative") is set."""
+    flags = [torch.full((math.prod(s.shape),), getattr(s, domain), dtype=torch.bool) for s in model.parameters.values()]
+    return torch.cat(flags) if flags else torch.zeros(0, dtype=torch.bool)
 
 
 def natural_information(
     model: EventModel, u: torch.Tensor, gradient: torch.Tensor, curvature: torch.Tensor
 ) -> torch.Tensor:
     """-d^2 log L / dtheta^2 in natural units from the gradient and Hessian of log L in u."""
-    positive = _positive_mask(model)
+    positive = _mask(model, "positive")
     theta = torch.where(positive, torch.exp(u), torch.ones_like(u))
     chain = torch.where(positive, gradient, torch.zeros_like(gradient))  # d L / du of the positive entries
     return -(curvature - torch.diag(chain)) / (theta[:, None] * theta[None, :])
 
 
-def _bounded_mask(model: EventModel) -> torch.Tensor:
-    return torch.zeros(sum(math.prod(s.shape) for s in model.parameters.values()), dtype=torch.bool)
-
-
-def _errors(model: EventModel, information: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    covariance = torch.linalg.pinv(information, hermitian=True)
-    variance = covariance.diagonal()
-    flat = torch.where(variance > 0, variance.clamp(min=0).sqrt(), torch.full_like(variance, float("nan")))
+def _split(model: EventModel, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     out, start = {}, 0
     for name, spec in model.parameters.items():
         n = math.prod(spec.shape)
         out[name] = flat[start : start + n].reshape(spec.shape)
         start += n
-    return covariance, out
+    return out
+
+
+def _errors(information: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(covariance, standard errors) (p, p), (p,): the inverse information of the free entries (the others held
+    at their bound); NaN in the rows, columns and errors of the held entries, NaN errors where it is singular."""
+    free = ~held
+    covariance = torch.full_like(information, float("nan"))
+    block = torch.linalg.pinv(information[free][:, free], hermitian=True)
+    index = free.nonzero()[:, 0]
+    covariance[index[:, None], index[None, :]] = block
+    variance = covariance.diagonal()
+    errors = torch.where(variance > 0, variance.clamp(min=0).sqrt(), torch.full_like(variance, float("nan")))
+    return covariance, errors
 
 
 def information(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> torch.Tensor:
@@ -125,9 +136,8 @@ def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -
 
     optimizer.step(closure)
     count = int(optimizer.state[u].get("n_iter", 0))
-    gradient = u.grad if u.grad is not None else torch.zeros_like(u)
-    converged = bool(gradient.abs().max() <= tolerance) if u.numel() else True
-    reason = "converged" if converged else f"gradient above {tolerance:g} after {count} iterations"
+    converged = count < iterations  # stopped by its tolerances (the gradient, or no change left in u or -log L)
+    reason = "converged" if converged else f"iteration limit ({iterations}) reached"
     return Newton(u.detach(), converged, reason, count)
 
 
@@ -136,10 +146,12 @@ def _finish(
 ) -> FitResult:
     gradient, curvature = derivatives(model, prepared, u)
     observed = natural_information(model, u, gradient, curvature)
-    covariance, stderr = _errors(model, observed)
+    held = _mask(model, "nonnegative") & (u <= 0)
+    covariance, errors = _errors(observed, held)
     return FitResult(
         params=unpack(model, u),
-        stderr=stderr,
+        stderr=_split(model, errors),
+        at_bound=_split(model, held),
         covariance=covariance,
         log_likelihood=float(_objective(model, prepared, 1.0)(u)),
         information=observed,
@@ -155,7 +167,7 @@ def _finish(
 def _warn(result: FitResult) -> None:
     """One warning when the solver did not converge or a standard error is NaN."""
     problems = [] if result.converged else [f"the {result.method} fit did not converge: {result.reason}"]
-    missing = [name for name, error in result.stderr.items() if bool(torch.isnan(error).any())]
+    missing = [name for name, e in result.stderr.items() if bool((torch.isnan(e) & ~result.at_bound[name]).any())]
     if missing:
         problems.append(f"NaN standard errors in {missing} (the information is singular there)")
     if problems:
@@ -176,9 +188,15 @@ def batch(
     objective = _objective(model, prepared, scale)
     if solver == "newton":
         scaled = lambda w: tuple(d / scale for d in derivatives(model, prepared, w))
-        result = projected_newton(objective, scaled, u, _bounded_mask(model), iterations, tolerance)  # type: ignore[arg-type]
+        result = projected_newton(objective, scaled, u, _mask(model, "nonnegative"), iterations, tolerance)  # type: ignore[arg-type]
     elif solver == "lbfgs":
-        result = _lbfgs(objective, u, iterations, tolerance)
+        # L-BFGS has no bounds: the nonnegative entries go through exp, as the positive ones do in u
+        bounded = _mask(model, "nonnegative")
+        natural = lambda v: torch.where(bounded, torch.exp(torch.where(bounded, v, 0)), v)
+        result = _lbfgs(
+            lambda v: objective(natural(v)), torch.where(bounded, u.clamp(min=1e-8).log(), u), iterations, tolerance
+        )
+        result = result._replace(x=natural(result.x))
     else:
         raise ValueError(f"solver must be 'newton' or 'lbfgs', got {solver!r}")
     return _finish(model, prepared, result.x, "batch", result, {})
@@ -213,6 +231,7 @@ def online(
     """One online pass (see the module's docstring); standard errors from the information at the result."""
     u = pack(model, start)
     rule = adam()
+    bounded = _mask(model, "nonnegative")
     opt_state = rule.init(u)
     carry = init(model, unpack(model, u), prepared.data)
     tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=s.dtype) for s in carry.state)
@@ -223,7 +242,7 @@ def online(
         carry, tangents, _, score = _block_step(model, prepared, piece, u, carry, tangents)
         events = max(int(piece.mask.sum()), 1)
         updates, opt_state = rule.update(-score / events, opt_state, u, lr / math.sqrt(1 + n / lr_decay))
-        u = apply_updates(u, updates)
+        u = project(apply_updates(u, updates), bounded)
         seen += events
         if seen >= average_from * total:
             averaged += 1
