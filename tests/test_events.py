@@ -316,8 +316,8 @@ def test_the_online_scores_sum_to_the_batch_gradient_at_a_fixed_theta():
     tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=D64) for s in carry.state)
     total = torch.zeros_like(u)
     for piece in likelihood.pieces(prepared, 16):
-        carry, tangents, _, score = ft.events.fitting._block_step(model, prepared, piece, u, carry, tangents)
-        total = total + score
+        step = ft.events.online.block_step(model, piece, u, carry, tangents)
+        carry, tangents, total = step.carry, step.tangents, total + step.score
 
     def rest(w, state):  # the window's end after the last event, through the carried state's sensitivity
         closing = likelihood.Carry((state,), carry.time)

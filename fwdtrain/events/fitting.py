@@ -6,12 +6,11 @@ Hawkes adjacency, as they are, with a bound at 0 that Newton respects by project
 - batch: Newton's method on log L(u) with the exact gradient and Hessian of one pass (torch.func), damped
   (Levenberg) until the step stops (``newton.projected_newton``); or L-BFGS (``solver="lbfgs"``). The result
   says whether the solver converged; ``fit`` warns when it did not or when a standard error is NaN.
-- online: one pass over the events in blocks of ``block``; the sensitivity dY/du of the carried state goes with
-  the state (forward mode: a jvp of each chunk with tangents (I, dY/du)), the block's score s_n = D log L updates
-  u by Adam on -s_n / (events in the block) at rate lr / (1 + n / lr_decay)^(1/2) (n the block count), and the
-  result is the Polyak average of u over the blocks after ``average_from`` of the events.
+- online: one pass over the events in blocks, a second-order (recursive Newton) update after each block from
+  the block's score and Fisher information, continued over new events from the previous fit's state
+  (``events.online``).
 
-Standard errors: sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
+Standard errors (batch): sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
 estimate, from the same pass as the Hessian in u: with theta = exp(u) for a positive parameter,
 d^2 L/du^2 = J H J + diag(g theta), J = diag(theta). A nonnegative entry at its bound 0 (``FitResult.at_bound``)
 has a NaN standard error (the estimate's law there is not the normal that the information describes); the other
@@ -25,13 +24,13 @@ import warnings
 from typing import Any, NamedTuple
 
 import torch
-from torch.func import grad, hessian, jacfwd, jvp, vmap
+from torch.func import grad, hessian, jacfwd, vmap
 
-from ..optim import adam, apply_updates
 from .data import EventData, as_events
-from .likelihood import Carry, Prepared, chunk, forward, init, jet_log_likelihood, kernel_jets, pieces, prepare
+from .likelihood import Prepared, forward, jet_log_likelihood, kernel_jets, prepare
 from .models import EventModel, pack, unpack
-from .newton import Newton, project, projected_newton
+from .newton import Newton, projected_newton
+from .online import OnlineState, advance, begin, check
 
 
 class FitResult(NamedTuple):
@@ -40,7 +39,9 @@ class FitResult(NamedTuple):
     an estimate at its bound; the other errors condition on them), the covariance (p, p) of the flattened
     parameters (``models.pack`` order, natural units), log L at params, the observed information, how many
     iterations (batch) or blocks (online), the online path of params (one dict of tensors, leading axis
-    the blocks; empty for batch), whether the solver converged and why it stopped."""
+    the blocks; empty for batch), whether the solver converged and why it stopped, and (online) the state that
+    a next call continues. Online, the information is the pass's accumulated Fisher information and log L the
+    prequential sum of the blocks' log L, each at the estimate of its time (``events.online``)."""
 
     params: dict[str, torch.Tensor]
     stderr: dict[str, torch.Tensor]
@@ -54,6 +55,7 @@ class FitResult(NamedTuple):
     path: dict[str, torch.Tensor]
     converged: bool
     reason: str
+    state: OnlineState | None
 
 
 def _objective(model: EventModel, prepared: Prepared, scale: float):
@@ -161,6 +163,7 @@ def _finish(
         path=path,
         converged=solver.converged,
         reason=solver.reason,
+        state=None,
     )
 
 
@@ -202,56 +205,50 @@ def batch(
     return _finish(model, prepared, result.x, "batch", result, {})
 
 
-def _block_step(model: EventModel, prepared: Prepared, piece: Any, u: torch.Tensor, carry: Carry, tangents: tuple):
-    """(the moved carry, its tangents dY/du, the block's log L, its gradient in u) by forward mode."""
-
-    def block(w: torch.Tensor, state: tuple) -> tuple[tuple, torch.Tensor]:
-        moved, log_rate, compensator = chunk(model, unpack(model, w), Carry(state, carry.time), piece)
-        return moved.state, log_rate.sum() - compensator.sum()
-
-    eye = torch.eye(u.numel(), dtype=u.dtype)
-    state_dims = tuple(-1 for _ in carry.state)
-    (state, value), (d_state, d_value) = vmap(  # type: ignore[misc]
-        lambda du, ds: jvp(block, (u, carry.state), (du, ds)),
-        in_dims=(0, state_dims),
-        out_dims=(0, (state_dims, 0)),  # type: ignore[arg-type]
-    )(eye, tangents)
-    return Carry(tuple(s[0] for s in state), piece.times[:, -1]), d_state, value[0], d_value
-
-
 def online(
     model: EventModel,
     prepared: Prepared,
     start: dict[str, Any],
     block: int = 64,
-    lr: float = 0.1,
-    lr_decay: float = 10.0,
-    average_from: float = 0.5,
+    prior: float = 1.0,
+    radius: float = 1.0,
+    state: OnlineState | None = None,
 ) -> FitResult:
-    """One online pass (see the module's docstring); standard errors from the information at the result."""
-    u = pack(model, start)
-    rule = adam()
+    """One online pass from ``start``, or from ``state`` (a previous online fit's ``FitResult.state``) continued
+    over the next events (``events.online``); the result's ``state`` continues it again."""
+    if int(block) < 1:
+        raise ValueError(f"online block must be a positive number of events, got {block!r}")
+    if not (math.isfinite(radius) and radius > 0):
+        raise ValueError(f"online radius (the largest move per block) must be a positive number, got {radius!r}")
     bounded = _mask(model, "nonnegative")
-    opt_state = rule.init(u)
-    carry = init(model, unpack(model, u), prepared.data)
-    tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=s.dtype) for s in carry.state)
-    total = max(prepared.data.events, 1)
-    seen, mean, averaged = 0, torch.zeros_like(u), 0
-    path = []
-    for n, piece in enumerate(pieces(prepared, block)):
-        carry, tangents, _, score = _block_step(model, prepared, piece, u, carry, tangents)
-        events = max(int(piece.mask.sum()), 1)
-        updates, opt_state = rule.update(-score / events, opt_state, u, lr / math.sqrt(1 + n / lr_decay))
-        u = project(apply_updates(u, updates), bounded)
-        seen += events
-        if seen >= average_from * total:
-            averaged += 1
-            mean = mean + (u - mean) / averaged
-        path.append(u)
-    final = mean if averaged else u
-    trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path))
-    ended = Newton(final, True, "one pass", len(path))
-    return _finish(model, prepared, final, "online", ended, trajectory)
+    if state is None:
+        state = begin(model, prepared, start, prior)
+    else:
+        check(state, prepared)
+    moved, path = advance(model, prepared, state, bounded, int(block), radius)
+    fisher = moved.information - moved.prior * torch.eye(moved.u.numel(), dtype=moved.u.dtype)
+    observed = natural_information(model, moved.u, torch.zeros_like(moved.u), -fisher)
+    held = bounded & (moved.u <= 0)
+    covariance, errors = _errors(observed, held)
+    trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path)) if path else {}
+    return FitResult(
+        params=unpack(model, moved.u),
+        stderr=_split(model, errors),
+        at_bound=_split(model, held),
+        covariance=covariance,
+        log_likelihood=moved.log_likelihood,
+        information=observed,
+        method="online",
+        iterations=moved.blocks,
+        events=int(moved.seen.sum()),
+        path=trajectory,
+        converged=True,
+        reason="one pass",
+        state=moved,
+    )
+
+
+_OPTIONS = {"batch": ("solver", "iterations", "tolerance"), "online": ("block", "prior", "radius", "state")}
 
 
 def fit(
@@ -266,14 +263,20 @@ def fit(
 ) -> FitResult:
     """Fit ``model`` to ``events`` (``EventData``, tick's list of arrays, an array of times or a table) on the
     window [start_time, end_time] by the exact likelihood: ``method="batch"`` (options: solver, iterations,
-    tolerance) or ``"online"`` (options: block, lr, lr_decay, average_from). ``start``: theta in natural units
-    (default ``model.start(data)``). Returns a ``FitResult`` with ``params`` and ``stderr`` in natural units."""
+    tolerance) or ``"online"`` (options: block, prior, radius, and state: a previous online fit's
+    ``FitResult.state`` to continue over these next events). ``start``: theta in natural units (default
+    ``model.start(data)``). Returns a ``FitResult`` with ``params`` and ``stderr`` in natural units."""
     if not isinstance(model, EventModel):
         raise TypeError(
             f"fit(model, ...) needs an EventModel (pointprocess.hawkes, intensity_model), got {type(model).__name__}"
         )
-    if method not in ("batch", "online"):
+    if method not in _OPTIONS:
         raise ValueError(f"method must be 'batch' or 'online', got {method!r}")
+    unknown = sorted(set(options) - set(_OPTIONS[method]))
+    if unknown:
+        raise ValueError(f"fit(method={method!r}) takes the options {list(_OPTIONS[method])}, got {unknown}")
+    if start is not None and options.get("state") is not None:
+        raise ValueError("give start= (a new online fit) or state= (continue one), not both")
     data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.types)
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
