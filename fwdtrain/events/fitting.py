@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -31,6 +32,8 @@ from .likelihood import Prepared, forward, jet_log_likelihood, kernel_jets, prep
 from .models import EventModel, pack, unpack
 from .newton import Newton, projected_newton
 from .online import OnlineState, advance, begin, check
+
+Sum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over the processes that share a fit
 
 
 class FitResult(NamedTuple):
@@ -144,9 +147,9 @@ def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -
 
 
 def _finish(
-    model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, solver: Newton, path: dict
+    model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, solver: Newton, path: dict, reduce: Sum
 ) -> FitResult:
-    gradient, curvature = derivatives(model, prepared, u)
+    gradient, curvature = (reduce(d) for d in derivatives(model, prepared, u))
     observed = natural_information(model, u, gradient, curvature)
     held = _mask(model, "nonnegative") & (u <= 0)
     covariance, errors = _errors(observed, held)
@@ -155,11 +158,11 @@ def _finish(
         stderr=_split(model, errors),
         at_bound=_split(model, held),
         covariance=covariance,
-        log_likelihood=float(_objective(model, prepared, 1.0)(u)),
+        log_likelihood=float(reduce(_objective(model, prepared, 1.0)(u))),
         information=observed,
         method=method,
         iterations=solver.iterations,
-        events=prepared.data.events,
+        events=int(reduce(torch.tensor(prepared.data.events))),
         path=path,
         converged=solver.converged,
         reason=solver.reason,
@@ -177,6 +180,10 @@ def _warn(result: FitResult) -> None:
         warnings.warn(f"fwdtrain: {'; '.join(problems)}", RuntimeWarning, stacklevel=3)
 
 
+def _alone(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 def batch(
     model: EventModel,
     prepared: Prepared,
@@ -184,13 +191,20 @@ def batch(
     solver: str = "newton",
     iterations: int = 100,
     tolerance: float = 1e-10,
+    reduce: Sum | None = None,
 ) -> FitResult:
-    """The exact maximum-likelihood estimate from ``start`` (see the module's docstring)."""
+    """The exact maximum-likelihood estimate from ``start`` (see the module's docstring). ``reduce``: a function
+    that sums a tensor over the processes holding the other realizations (``ranks.group_sum``); log L, its
+    gradient and Hessian are summed before every decision, and the start is the ranks' mean u."""
+    total = _alone if reduce is None else reduce
+    if reduce is not None and solver != "newton":
+        raise ValueError(f"reduce= (realizations across processes) needs solver='newton', got {solver!r}")
     u = pack(model, start)
-    scale = max(prepared.data.events, 1)
-    objective = _objective(model, prepared, scale)
+    u = total(u) / total(torch.ones((), dtype=u.dtype))
+    scale = float(total(torch.tensor(float(prepared.data.events)))) or 1.0
+    objective = lambda w: total(_objective(model, prepared, 1.0)(w)) / scale
     if solver == "newton":
-        scaled = lambda w: tuple(d / scale for d in derivatives(model, prepared, w))
+        scaled = lambda w: tuple(total(d) / scale for d in derivatives(model, prepared, w))
         result = projected_newton(objective, scaled, u, _mask(model, "nonnegative"), iterations, tolerance)  # type: ignore[arg-type]
     elif solver == "lbfgs":
         # L-BFGS has no bounds: the nonnegative entries go through exp, as the positive ones do in u
@@ -202,7 +216,7 @@ def batch(
         result = result._replace(x=natural(result.x))
     else:
         raise ValueError(f"solver must be 'newton' or 'lbfgs', got {solver!r}")
-    return _finish(model, prepared, result.x, "batch", result, {})
+    return _finish(model, prepared, result.x, "batch", result, {}, total)
 
 
 def online(
@@ -248,7 +262,7 @@ def online(
     )
 
 
-_OPTIONS = {"batch": ("solver", "iterations", "tolerance"), "online": ("block", "prior", "radius", "state")}
+_OPTIONS = {"batch": ("solver", "iterations", "tolerance", "reduce"), "online": ("block", "prior", "radius", "state")}
 
 
 def fit(
@@ -263,8 +277,9 @@ def fit(
 ) -> FitResult:
     """Fit ``model`` to ``events`` (``EventData``, tick's list of arrays, an array of times or a table) on the
     window [start_time, end_time] by the exact likelihood: ``method="batch"`` (options: solver, iterations,
-    tolerance) or ``"online"`` (options: block, prior, radius, and state: a previous online fit's
-    ``FitResult.state`` to continue over these next events). ``start``: theta in natural units (default
+    tolerance, reduce: ``ranks.group_sum`` when the realizations are split across processes) or ``"online"``
+    (options: block, prior, radius, and state: a previous online fit's ``FitResult.state`` to continue over
+    these next events). ``start``: theta in natural units (default
     ``model.start(data)``). Returns a ``FitResult`` with ``params`` and ``stderr`` in natural units."""
     if not isinstance(model, EventModel):
         raise TypeError(
