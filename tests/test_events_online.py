@@ -13,10 +13,10 @@ pp = ft.pointprocess
 TRUTH = {"baseline": [0.5, 0.3], "adjacency": [[0.5, 0.0], [0.3, 0.4]], "decay": 1.5}  # one entry at 0
 
 
-def _distances(model, data):
+def _distances(model, data, start=None):
     """|online - batch| / SE on every entry, SE the batch's unconditioned sqrt(diag(I^-1)) (defined at 0 too)."""
     batch = pp.fit(model, data)
-    online = pp.fit(model, data, method="online")
+    online = pp.fit(model, data, method="online", start=start)
     assert batch.converged and online.events == batch.events == data.events
     flat = lambda params: torch.cat([params[name].reshape(-1) for name in model.parameters])
     scale = torch.linalg.inv(batch.information).diagonal().sqrt()
@@ -105,3 +105,13 @@ def test_the_block_scores_sum_to_the_batch_gradient_and_the_fisher_information_i
     np.testing.assert_allclose(
         float(step.log_likelihood), float(value(state.u).log_likelihood + value(state.u).tail.sum())
     )
+
+
+def test_a_pass_started_from_a_batch_fit_of_a_first_stretch_reaches_a_fast_decay():
+    # the default start's decay (the event rate, about 2) is 25 times too small: the pass starts from the first tenth
+    model = pp.hawkes(dimension=2)
+    data = pp.simulate(model, {**TRUTH, "decay": 50.0}, 1_000.0, seed=5)
+    cut = data.times.shape[1] // 10
+    first = _slice(data, 0, cut, 0.0, float(data.times[0, cut - 1]))
+    distances, _, _ = _distances(model, data, start=pp.fit(model, first).params)
+    assert (distances < 3).all(), distances

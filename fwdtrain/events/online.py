@@ -28,6 +28,10 @@ model), the state and its sensitivity, the last event's time. Given the next eve
 ``online`` continues the pass: a fit continued block by block equals one pass over the concatenated events when
 each call's events fill whole blocks (a call's last, partial block is an update of its own).
 
+The models are taken where the pass stood, so the start must be within reach of the MLE (a decay within a factor
+of a few): from a decay 20 to 50 times too small, the first blocks' models, taken far away, bias the end by many
+standard errors. A batch fit of a first stretch of the events is such a start.
+
 The result's information is A in natural units (without the prior), its standard errors sqrt(diag(A^-1)); its
 log-likelihood is the prequential sum_m log L_m(u_m) of the pass (each block at the estimate of its time).
 The compensator from a realization's last event to its window's end enters with the next call's first event.
