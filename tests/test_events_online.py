@@ -115,3 +115,12 @@ def test_a_pass_started_from_a_batch_fit_of_a_first_stretch_reaches_a_fast_decay
     first = _slice(data, 0, cut, 0.0, float(data.times[0, cut - 1]))
     distances, _, _ = _distances(model, data, start=pp.fit(model, first).params)
     assert (distances < 3).all(), distances
+
+
+def test_a_state_dependent_model_online_ends_within_3_standard_errors_of_its_batch_mle():
+    # the order book's state depends on theta (kappa): the pass carries its sensitivity from block to block
+    model = pp.order_book()
+    truth = {"baseline": [-0.3, 0.2], "weights": [[-0.8], [0.6]], "kappa": 0.7}
+    data = pp.simulate(model, truth, 1_000.0, seed=2, realizations=2, marks=lambda rng, k: [1.0 + rng.integers(3)])
+    distances, _, _ = _distances(model, data)
+    assert (distances < 3).all(), distances
