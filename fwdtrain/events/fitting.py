@@ -31,7 +31,7 @@ from .data import EventData, as_events
 from .likelihood import Prepared, forward, jet_log_likelihood, kernel_jets, prepare
 from .models import EventModel, pack, unpack
 from .newton import Newton, projected_newton
-from .online import OnlineState, advance, begin, check
+from .online import OnlineState, begin, check, walk
 
 Sum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over the processes that share a fit
 
@@ -43,8 +43,9 @@ class FitResult(NamedTuple):
     parameters (``models.pack`` order, natural units), log L at params, the observed information, how many
     iterations (batch) or blocks (online), the online path of params (one dict of tensors, leading axis
     the blocks; empty for batch), whether the solver converged and why it stopped, and (online) the state that
-    a next call continues. Online, the information is the pass's accumulated Fisher information and log L the
-    prequential sum of the blocks' log L, each at the estimate of its time (``events.online``)."""
+    a next call continues (the pass at its last whole block and the events after it). Online, the information
+    is the pass's accumulated Fisher information and log L the prequential sum of the blocks' log L, each at
+    the estimate of its time (``events.online``)."""
 
     params: dict[str, torch.Tensor]
     stderr: dict[str, torch.Tensor]
@@ -239,7 +240,7 @@ def online(
         state = begin(model, prepared, start, prior)
     else:
         check(state, prepared)
-    moved, path = advance(model, prepared, state, bounded, int(block), radius)
+    kept, moved, path = walk(model, prepared, state, bounded, int(block), radius)
     fisher = moved.information - moved.prior * torch.eye(moved.u.numel(), dtype=moved.u.dtype)
     observed = natural_information(model, moved.u, torch.zeros_like(moved.u), -fisher)
     held = bounded & (moved.u <= 0)
@@ -258,7 +259,7 @@ def online(
         path=trajectory,
         converged=True,
         reason="one pass",
-        state=moved,
+        state=kept,
     )
 
 

@@ -23,10 +23,12 @@ estimate by its own score scaled by all the information so far, which is what a 
 do with the information of the data seen. No learning rate, no averaging; a move per block is capped at ``radius``
 (max |u_{n+1} - u_n|) against the first blocks' thin information.
 
-What carries to the next call (``OnlineState``): u, A and b = prior u_0 + sum (s_m + F_m u_m) (the quadratic
-model), the state and its sensitivity, the last event's time. Given the next events of the same realizations,
-``online`` continues the pass: a fit continued block by block equals one pass over the concatenated events when
-each call's events fill whole blocks (a call's last, partial block is an update of its own).
+What carries to the next call (``OnlineState``): the pass at its last whole block (u, A and b = prior u_0 +
+sum (s_m + F_m u_m), the state and its sensitivity, the last event's time) and the events after that block. The
+next call's blocks begin with those events, so a continued fit walks the same blocks as one pass over the
+concatenated events of one realization and equals it; the result of each call also includes its last, partial
+block, as an update on top of the kept state. (With R realizations the blocks are columns of the padded layout,
+so a split leaves the result within the pass's noise of one pass, not equal to it.)
 
 The models are taken where the pass stood, so the start must be within reach of the MLE (a decay within a factor
 of a few): from a decay 20 to 50 times too small, the first blocks' models, taken far away, bias the end by many
@@ -45,15 +47,16 @@ from typing import Any, NamedTuple
 import torch
 from torch.func import jvp, vmap
 
-from .likelihood import Carry, Piece, Prepared, chunk, init, pieces
+from .likelihood import Carry, Piece, Prepared, chunk, init
 from .models import EventModel, pack, unpack
 from .newton import project, projected_newton
 
 
 class OnlineState(NamedTuple):
-    """Where an online pass stands: the estimate u (p,), the quadratic model's A (p, p) (prior included) and b
-    (p,) (its maximiser solves A u = b), the carried model state and its sensitivity dY/du, the events seen
-    by realization (R,), the blocks and the prequential log L so far, and the prior (the start's information)."""
+    """Where an online pass stands after its last whole block: the estimate u (p,), the quadratic model's A (p, p)
+    (prior included) and b (p,) (its maximiser solves A u = b), the carried model state and its sensitivity dY/du,
+    the events in the blocks by realization (R,), the blocks and the prequential log L so far, the prior (the
+    start's information), and the events after the last whole block (the next call's first block begins with them)."""
 
     u: torch.Tensor
     information: torch.Tensor
@@ -64,6 +67,7 @@ class OnlineState(NamedTuple):
     blocks: int
     log_likelihood: float
     prior: float
+    pending: Piece | None = None  # the events after the last whole block, not yet in u, A and b
 
 
 class Block(NamedTuple):
@@ -122,6 +126,16 @@ def begin(model: EventModel, prepared: Prepared, start: dict[str, Any], prior: f
     )
 
 
+def _last(state: OnlineState) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each realization's last event time (R,), whether it has had events), pending events included."""
+    if state.pending is None:
+        return state.carry.time, state.seen > 0
+    mask = state.pending.mask
+    column = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(1, keepdim=True)  # the last real event
+    time = torch.where(mask.any(1), state.pending.times.gather(1, column)[:, 0], state.carry.time)
+    return time, (state.seen > 0) | mask.any(1)
+
+
 def check(state: OnlineState, prepared: Prepared) -> None:
     """The events continue the state's realizations: as many, and each one's first new event after its last."""
     data = prepared.data
@@ -131,22 +145,73 @@ def check(state: OnlineState, prepared: Prepared) -> None:
             "continue with the next events of the same realizations, in the same order"
         )
     first = data.times[:, 0]
-    late = data.mask[:, 0] & ((first < state.carry.time) | ((first == state.carry.time) & (state.seen > 0)))
+    time, had = _last(state)
+    late = data.mask[:, 0] & ((first < time) | ((first == time) & had))
     if bool(late.any()):
         r = int(late.nonzero()[0, 0])
         raise ValueError(
             f"realization {r}: the new events start at {float(first[r]):g}, not after the state's last event at "
-            f"{float(state.carry.time[r]):g}: give only the events that came after it"
+            f"{float(time[r]):g}: give only the events that came after it"
         )
 
 
-def advance(
+def _take(piece: Piece, a: int, b: int) -> Piece:
+    return Piece(
+        times=piece.times[:, a:b],
+        types=piece.types[:, a:b],
+        marks=piece.marks[:, a:b],
+        mask=piece.mask[:, a:b],
+        earlier=piece.earlier[:, a:b],
+        tied=piece.tied[:, a:b],
+        substeps=piece.substeps[a:b],
+    )
+
+
+def _joined(model: EventModel, state: OnlineState, prepared: Prepared) -> Piece:
+    """The state's pending events followed by ``prepared``'s, the first new interval's pieces counted from the
+    last event before it (not from the new window's start)."""
+    new = prepared.piece
+    if new.substeps:
+        time, _ = _last(state)
+        gap = float((new.times[:, 0] - time).max())
+        new = new._replace(substeps=(max(1, math.ceil(gap / float(model.step))), *new.substeps[1:]))
+    if state.pending is None:
+        return new
+    old = state.pending
+    return Piece(
+        times=torch.cat([old.times, new.times], 1),
+        types=torch.cat([old.types, new.types], 1),
+        marks=torch.cat([old.marks, new.marks], 1),
+        mask=torch.cat([old.mask, new.mask], 1),
+        earlier=torch.cat([old.earlier, new.earlier], 1),
+        tied=torch.cat([old.tied, new.tied], 1),
+        substeps=old.substeps + new.substeps,
+    )
+
+
+def walk(
     model: EventModel, prepared: Prepared, state: OnlineState, bounded: torch.Tensor, block: int, radius: float
+) -> tuple[OnlineState, OnlineState, list[torch.Tensor]]:
+    """The pass over the state's pending events and ``prepared``'s: (the state after the last whole block, which
+    holds the events after it, the state after those too (the result), the estimate after each block)."""
+    events = _joined(model, state, prepared)
+    n = events.times.shape[1]
+    whole = n - n % block
+    kept, path = advance(model, _take(events, 0, whole), state._replace(pending=None), bounded, block, radius)
+    if whole == n:
+        return kept, kept, path
+    final, last = advance(model, _take(events, whole, n), kept, bounded, block, radius)
+    return kept._replace(pending=_take(events, whole, n)), final, path + last
+
+
+def advance(
+    model: EventModel, events: Piece, state: OnlineState, bounded: torch.Tensor, block: int, radius: float
 ) -> tuple[OnlineState, list[torch.Tensor]]:
-    """The pass over ``prepared``'s events from ``state``: (the state after them, the estimate after each block)."""
+    """The blocks of ``events`` from ``state``: (the state after them, the estimate after each block)."""
     u, information, target = state.u, state.information, state.target
     carry, tangents, log_likelihood, path = state.carry, state.tangents, state.log_likelihood, []
-    for piece in pieces(prepared, block):
+    for a in range(0, events.times.shape[1], block):
+        piece = _take(events, a, a + block)
         step = block_step(model, piece, u, carry, tangents)
         carry, tangents = step.carry, step.tangents
         log_likelihood += float(step.log_likelihood)
@@ -157,7 +222,7 @@ def advance(
         best = projected_newton(quadratic, derivatives, u, bounded, iterations=50, tolerance=1e-12).x
         u = project(u + (best - u).clamp(-radius, radius), bounded)
         path.append(u)
-    seen = state.seen + prepared.data.mask.sum(1)
+    seen = state.seen + events.mask.sum(1)
     moved = OnlineState(
         u=u,
         information=information,
@@ -168,8 +233,9 @@ def advance(
         blocks=state.blocks + len(path),
         log_likelihood=log_likelihood,
         prior=state.prior,
+        pending=None,
     )
     return moved, path
 
 
-__all__ = ["Block", "OnlineState", "advance", "begin", "block_step", "check"]
+__all__ = ["Block", "OnlineState", "advance", "begin", "block_step", "check", "walk"]
