@@ -1,42 +1,55 @@
 """Fitting an ``EventModel`` to events: the exact maximum likelihood (batch) or online, with standard errors.
 
-Both fits run on the unconstrained u (``models.pack``: logarithms of the positive parameters); results are in
-natural units.
+Both fits run on u (``models.pack``: logarithms of the positive parameters; the nonnegative ones, such as the
+Hawkes adjacency, as they are, with a bound at 0 that Newton respects by projection); results are in natural units.
 
 - batch: Newton's method on log L(u) with the exact gradient and Hessian of one pass (torch.func), damped
-  (Levenberg) until the step stops; or L-BFGS (``solver="lbfgs"``).
-- online: one pass over the events in blocks of ``block``; the sensitivity dY/du of the carried state goes with
-  the state (forward mode: a jvp of each chunk with tangents (I, dY/du)), the block's score s_n = D log L updates
-  u by Adam on -s_n / (events in the block) at rate lr / (1 + n / lr_decay)^(1/2) (n the block count), and the
-  result is the Polyak average of u over the blocks after ``average_from`` of the events.
+  (Levenberg) until the step stops (``newton.projected_newton``); or L-BFGS (``solver="lbfgs"``). The result
+  says whether the solver converged; ``fit`` warns when it did not or when a standard error is NaN.
+- online: one pass over the events in blocks, a second-order (recursive Newton) update after each block from
+  the block's score and Fisher information, continued over new events from the previous fit's state
+  (``events.online``).
 
-Standard errors: sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
+Standard errors (batch): sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
 estimate, from the same pass as the Hessian in u: with theta = exp(u) for a positive parameter,
-d^2 L/du^2 = J H J + diag(g theta), J = diag(theta).
+d^2 L/du^2 = J H J + diag(g theta), J = diag(theta). A nonnegative entry at its bound 0 (``FitResult.at_bound``)
+has a NaN standard error (the estimate's law there is not the normal that the information describes); the other
+errors invert the information of the free entries, the bound ones held at 0.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.func import grad, hessian, jacfwd, jvp, vmap
+from torch.func import grad, hessian, jacfwd, vmap
 
-from ..optim import adam, apply_updates
 from .data import EventData, as_events
-from .likelihood import Carry, Prepared, chunk, forward, init, jet_log_likelihood, kernel_jets, pieces, prepare
+from .likelihood import Prepared, forward, jet_log_likelihood, kernel_jets, prepare
 from .models import EventModel, pack, unpack
+from .newton import Newton, projected_newton
+from .online import OnlineState, begin, check, walk
+
+Sum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over the processes that share a fit
 
 
 class FitResult(NamedTuple):
-    """A fit: ``params`` and ``stderr`` (dicts in natural units), the covariance (p, p) of the flattened
+    """A fit: ``params`` and ``stderr`` (dicts in natural units), ``at_bound`` (dict of bool tensors: the
+    nonnegative entries that sit at 0, whose standard errors are NaN: the information's inverse does not describe
+    an estimate at its bound; the other errors condition on them), the covariance (p, p) of the flattened
     parameters (``models.pack`` order, natural units), log L at params, the observed information, how many
-    iterations (batch) or blocks (online), and the online path of params (one dict of tensors, leading axis
-    the blocks; empty for batch)."""
+    iterations (batch) or blocks (online), the online path of params (one dict of tensors, leading axis
+    the blocks; empty for batch), whether the solver converged and why it stopped, and (online) the state that
+    a next call continues (the pass at its last whole block and the events after it). Online, the information
+    is the pass's accumulated Fisher information and log L the prequential sum of the blocks' log L, each at
+    the estimate of its time (``events.online``)."""
 
     params: dict[str, torch.Tensor]
     stderr: dict[str, torch.Tensor]
+    at_bound: dict[str, torch.Tensor]
     covariance: torch.Tensor
     log_likelihood: float
     information: torch.Tensor
@@ -44,6 +57,9 @@ class FitResult(NamedTuple):
     iterations: int
     events: int
     path: dict[str, torch.Tensor]
+    converged: bool
+    reason: str
+    state: OnlineState | None
 
 
 def _objective(model: EventModel, prepared: Prepared, scale: float):
@@ -62,32 +78,42 @@ def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple
     return first, curvature
 
 
-def _positive_mask(model: EventModel) -> torch.Tensor:
-    return torch.cat(
-        [torch.full((math.prod(s.shape),), s.positive, dtype=torch.bool) for s in model.parameters.values()]
-    )
+def _mask(model: EventModel, domain: str) -> torch.Tensor:
+    """(p,) True on the entries of the parameters whose ``domain`` ("positive" or "nonnegative") is set."""
+    flags = [torch.full((math.prod(s.shape),), getattr(s, domain), dtype=torch.bool) for s in model.parameters.values()]
+    return torch.cat(flags) if flags else torch.zeros(0, dtype=torch.bool)
 
 
 def natural_information(
     model: EventModel, u: torch.Tensor, gradient: torch.Tensor, curvature: torch.Tensor
 ) -> torch.Tensor:
     """-d^2 log L / dtheta^2 in natural units from the gradient and Hessian of log L in u."""
-    positive = _positive_mask(model)
+    positive = _mask(model, "positive")
     theta = torch.where(positive, torch.exp(u), torch.ones_like(u))
     chain = torch.where(positive, gradient, torch.zeros_like(gradient))  # d L / du of the positive entries
     return -(curvature - torch.diag(chain)) / (theta[:, None] * theta[None, :])
 
 
-def _errors(model: EventModel, information: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    covariance = torch.linalg.pinv(information, hermitian=True)
-    variance = covariance.diagonal()
-    flat = torch.where(variance > 0, variance.clamp(min=0).sqrt(), torch.full_like(variance, float("nan")))
+def _split(model: EventModel, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     out, start = {}, 0
     for name, spec in model.parameters.items():
         n = math.prod(spec.shape)
         out[name] = flat[start : start + n].reshape(spec.shape)
         start += n
-    return covariance, out
+    return out
+
+
+def _errors(information: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(covariance, standard errors) (p, p), (p,): the inverse information of the free entries (the others held
+    at their bound); NaN in the rows, columns and errors of the held entries, NaN errors where it is singular."""
+    free = ~held
+    covariance = torch.full_like(information, float("nan"))
+    block = torch.linalg.pinv(information[free][:, free], hermitian=True)
+    index = free.nonzero()[:, 0]
+    covariance[index[:, None], index[None, :]] = block
+    variance = covariance.diagonal()
+    errors = torch.where(variance > 0, variance.clamp(min=0).sqrt(), torch.full_like(variance, float("nan")))
+    return covariance, errors
 
 
 def information(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> torch.Tensor:
@@ -97,32 +123,7 @@ def information(model: EventModel, params: dict[str, Any], events: Any, end_time
     return natural_information(model, u, *derivatives(model, prepared, u))
 
 
-def _newton(
-    model: EventModel, prepared: Prepared, u: torch.Tensor, iterations: int, tolerance: float
-) -> tuple[torch.Tensor, int]:
-    """Levenberg-damped Newton ascent on log L(u) / N; stops when the step is below ``tolerance``."""
-    scale = max(prepared.data.events, 1)
-    objective = _objective(model, prepared, scale)
-    value = objective(u)
-    damping = 1e-8
-    eye = torch.eye(u.numel(), dtype=u.dtype)
-    for count in range(1, iterations + 1):
-        gradient, curvature = (d / scale for d in derivatives(model, prepared, u))
-        while True:
-            step = torch.linalg.solve(-curvature + damping * eye * (1 + curvature.diagonal().abs()), gradient)
-            trial = objective(u + step)
-            if bool(torch.isfinite(trial)) and float(trial) >= float(value) - 1e-15:
-                break
-            damping *= 10
-            if damping > 1e12:
-                return u, count
-        u, value, damping = u + step, trial, max(damping / 10, 1e-12)
-        if float(step.abs().max()) < tolerance:
-            return u, count
-    return u, iterations
-
-
-def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -> tuple[torch.Tensor, int]:
+def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -> Newton:
     u = u.clone().requires_grad_(True)
     optimizer = torch.optim.LBFGS(
         [u],
@@ -140,15 +141,48 @@ def _lbfgs(objective: Any, u: torch.Tensor, iterations: int, tolerance: float) -
         return loss
 
     optimizer.step(closure)
-    return u.detach(), int(optimizer.state[u].get("n_iter", 0))
+    count = int(optimizer.state[u].get("n_iter", 0))
+    converged = count < iterations  # stopped by its tolerances (the gradient, or no change left in u or -log L)
+    reason = "converged" if converged else f"iteration limit ({iterations}) reached"
+    return Newton(u.detach(), converged, reason, count)
 
 
-def _finish(model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, count: int, path: dict) -> FitResult:
-    gradient, curvature = derivatives(model, prepared, u)
+def _finish(
+    model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, solver: Newton, path: dict, reduce: Sum
+) -> FitResult:
+    gradient, curvature = (reduce(d) for d in derivatives(model, prepared, u))
     observed = natural_information(model, u, gradient, curvature)
-    covariance, stderr = _errors(model, observed)
-    value = float(_objective(model, prepared, 1.0)(u))
-    return FitResult(unpack(model, u), stderr, covariance, value, observed, method, count, prepared.data.events, path)
+    held = _mask(model, "nonnegative") & (u <= 0)
+    covariance, errors = _errors(observed, held)
+    return FitResult(
+        params=unpack(model, u),
+        stderr=_split(model, errors),
+        at_bound=_split(model, held),
+        covariance=covariance,
+        log_likelihood=float(reduce(_objective(model, prepared, 1.0)(u))),
+        information=observed,
+        method=method,
+        iterations=solver.iterations,
+        events=int(reduce(torch.tensor(prepared.data.events))),
+        path=path,
+        converged=solver.converged,
+        reason=solver.reason,
+        state=None,
+    )
+
+
+def _warn(result: FitResult) -> None:
+    """One warning when the solver did not converge or a standard error is NaN."""
+    problems = [] if result.converged else [f"the {result.method} fit did not converge: {result.reason}"]
+    missing = [name for name, e in result.stderr.items() if bool((torch.isnan(e) & ~result.at_bound[name]).any())]
+    if missing:
+        problems.append(f"NaN standard errors in {missing} (the information is singular there)")
+    if problems:
+        warnings.warn(f"fwdtrain: {'; '.join(problems)}", RuntimeWarning, stacklevel=3)
+
+
+def _alone(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def batch(
@@ -158,33 +192,32 @@ def batch(
     solver: str = "newton",
     iterations: int = 100,
     tolerance: float = 1e-10,
+    reduce: Sum | None = None,
 ) -> FitResult:
-    """The exact maximum-likelihood estimate from ``start`` (see the module's docstring)."""
+    """The exact maximum-likelihood estimate from ``start`` (see the module's docstring). ``reduce``: a function
+    that sums a tensor over the processes holding the other realizations (``ranks.group_sum``); log L, its
+    gradient and Hessian are summed before every decision, and the start is the ranks' mean u."""
+    total = _alone if reduce is None else reduce
+    if reduce is not None and solver != "newton":
+        raise ValueError(f"reduce= (realizations across processes) needs solver='newton', got {solver!r}")
     u = pack(model, start)
+    u = total(u) / total(torch.ones((), dtype=u.dtype))
+    scale = float(total(torch.tensor(float(prepared.data.events)))) or 1.0
+    objective = lambda w: total(_objective(model, prepared, 1.0)(w)) / scale
     if solver == "newton":
-        u, count = _newton(model, prepared, u, iterations, tolerance)
+        scaled = lambda w: tuple(total(d) / scale for d in derivatives(model, prepared, w))
+        result = projected_newton(objective, scaled, u, _mask(model, "nonnegative"), iterations, tolerance)  # type: ignore[arg-type]
     elif solver == "lbfgs":
-        u, count = _lbfgs(_objective(model, prepared, max(prepared.data.events, 1)), u, iterations, tolerance)
+        # L-BFGS has no bounds: the nonnegative entries go through exp, as the positive ones do in u
+        bounded = _mask(model, "nonnegative")
+        natural = lambda v: torch.where(bounded, torch.exp(torch.where(bounded, v, 0)), v)
+        result = _lbfgs(
+            lambda v: objective(natural(v)), torch.where(bounded, u.clamp(min=1e-8).log(), u), iterations, tolerance
+        )
+        result = result._replace(x=natural(result.x))
     else:
         raise ValueError(f"solver must be 'newton' or 'lbfgs', got {solver!r}")
-    return _finish(model, prepared, u, "batch", count, {})
-
-
-def _block_step(model: EventModel, prepared: Prepared, piece: Any, u: torch.Tensor, carry: Carry, tangents: tuple):
-    """(the moved carry, its tangents dY/du, the block's log L, its gradient in u) by forward mode."""
-
-    def block(w: torch.Tensor, state: tuple) -> tuple[tuple, torch.Tensor]:
-        moved, log_rate, compensator = chunk(model, unpack(model, w), Carry(state, carry.time), piece)
-        return moved.state, log_rate.sum() - compensator.sum()
-
-    eye = torch.eye(u.numel(), dtype=u.dtype)
-    state_dims = tuple(-1 for _ in carry.state)
-    (state, value), (d_state, d_value) = vmap(  # type: ignore[misc]
-        lambda du, ds: jvp(block, (u, carry.state), (du, ds)),
-        in_dims=(0, state_dims),
-        out_dims=(0, (state_dims, 0)),  # type: ignore[arg-type]
-    )(eye, tangents)
-    return Carry(tuple(s[0] for s in state), piece.times[:, -1]), d_state, value[0], d_value
+    return _finish(model, prepared, result.x, "batch", result, {}, total)
 
 
 def online(
@@ -192,32 +225,45 @@ def online(
     prepared: Prepared,
     start: dict[str, Any],
     block: int = 64,
-    lr: float = 0.1,
-    lr_decay: float = 10.0,
-    average_from: float = 0.5,
+    prior: float = 1.0,
+    radius: float = 1.0,
+    state: OnlineState | None = None,
 ) -> FitResult:
-    """One online pass (see the module's docstring); standard errors from the information at the result."""
-    u = pack(model, start)
-    rule = adam()
-    opt_state = rule.init(u)
-    carry = init(model, unpack(model, u), prepared.data)
-    tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=s.dtype) for s in carry.state)
-    total = max(prepared.data.events, 1)
-    seen, mean, averaged = 0, torch.zeros_like(u), 0
-    path = []
-    for n, piece in enumerate(pieces(prepared, block)):
-        carry, tangents, _, score = _block_step(model, prepared, piece, u, carry, tangents)
-        events = max(int(piece.mask.sum()), 1)
-        updates, opt_state = rule.update(-score / events, opt_state, u, lr / math.sqrt(1 + n / lr_decay))
-        u = apply_updates(u, updates)
-        seen += events
-        if seen >= average_from * total:
-            averaged += 1
-            mean = mean + (u - mean) / averaged
-        path.append(u)
-    final = mean if averaged else u
-    trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path))
-    return _finish(model, prepared, final, "online", len(path), trajectory)
+    """One online pass from ``start``, or from ``state`` (a previous online fit's ``FitResult.state``) continued
+    over the next events (``events.online``); the result's ``state`` continues it again."""
+    if int(block) < 1:
+        raise ValueError(f"online block must be a positive number of events, got {block!r}")
+    if not (math.isfinite(radius) and radius > 0):
+        raise ValueError(f"online radius (the largest move per block) must be a positive number, got {radius!r}")
+    bounded = _mask(model, "nonnegative")
+    if state is None:
+        state = begin(model, prepared, start, prior)
+    else:
+        check(state, prepared)
+    kept, moved, path = walk(model, prepared, state, bounded, int(block), radius)
+    fisher = moved.information - moved.prior * torch.eye(moved.u.numel(), dtype=moved.u.dtype)
+    observed = natural_information(model, moved.u, torch.zeros_like(moved.u), -fisher)
+    held = bounded & (moved.u <= 0)
+    covariance, errors = _errors(observed, held)
+    trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path)) if path else {}
+    return FitResult(
+        params=unpack(model, moved.u),
+        stderr=_split(model, errors),
+        at_bound=_split(model, held),
+        covariance=covariance,
+        log_likelihood=moved.log_likelihood,
+        information=observed,
+        method="online",
+        iterations=moved.blocks,
+        events=int(moved.seen.sum()),
+        path=trajectory,
+        converged=True,
+        reason="one pass",
+        state=kept,
+    )
+
+
+_OPTIONS = {"batch": ("solver", "iterations", "tolerance", "reduce"), "online": ("block", "prior", "radius", "state")}
 
 
 def fit(
@@ -232,21 +278,28 @@ def fit(
 ) -> FitResult:
     """Fit ``model`` to ``events`` (``EventData``, tick's list of arrays, an array of times or a table) on the
     window [start_time, end_time] by the exact likelihood: ``method="batch"`` (options: solver, iterations,
-    tolerance) or ``"online"`` (options: block, lr, lr_decay, average_from). ``start``: theta in natural units
-    (default ``model.start(data)``). Returns a ``FitResult`` with ``params`` and ``stderr`` in natural units."""
+    tolerance, reduce: ``ranks.group_sum`` when the realizations are split across processes) or ``"online"``
+    (options: block, prior, radius, and state: a previous online fit's ``FitResult.state`` to continue over
+    these next events). ``start``: theta in natural units (default
+    ``model.start(data)``). Returns a ``FitResult`` with ``params`` and ``stderr`` in natural units."""
     if not isinstance(model, EventModel):
         raise TypeError(
             f"fit(model, ...) needs an EventModel (pointprocess.hawkes, intensity_model), got {type(model).__name__}"
         )
-    if method not in ("batch", "online"):
+    if method not in _OPTIONS:
         raise ValueError(f"method must be 'batch' or 'online', got {method!r}")
+    unknown = sorted(set(options) - set(_OPTIONS[method]))
+    if unknown:
+        raise ValueError(f"fit(method={method!r}) takes the options {list(_OPTIONS[method])}, got {unknown}")
+    if start is not None and options.get("state") is not None:
+        raise ValueError("give start= (a new online fit) or state= (continue one), not both")
     data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.types)
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
     pack(model, theta)  # checked before any work
-    if method == "batch":
-        return batch(model, prepared, theta, **options)
-    return online(model, prepared, theta, **options)
+    result = (batch if method == "batch" else online)(model, prepared, theta, **options)
+    _warn(result)
+    return result
 
 
 __all__ = ["FitResult", "batch", "derivatives", "fit", "information", "natural_information", "online"]

@@ -3,7 +3,7 @@
 Between events dY = drift(theta, Y) dt (``decay``: dY = -decay(theta) * Y, in closed form); at an event of
 type k with mark z, Y(t_i) = Y(t_i-) + jump(theta, Y(t_i-), k, z); the intensities are
 lambda(theta, Y(t-)) (K,). theta is a dict of tensors in natural units; each parameter has a shape and is
-``positive`` or real, and the fits move the unconstrained u (log of the positive ones).
+``positive``, ``nonnegative`` or real, and the fits move u (log of the positive ones, the others as they are).
 
 ``hawkes(dimension=K)`` is tick's exponential Hawkes process,
 
@@ -28,10 +28,12 @@ from .data import D64, EventData
 
 
 class Parameter(NamedTuple):
-    """A parameter's shape and whether it is positive (fitted through its logarithm)."""
+    """A parameter's shape and its domain: real, ``positive`` (> 0, fitted through its logarithm) or
+    ``nonnegative`` (>= 0, fitted in natural units with a bound at 0, where its MLE may sit exactly)."""
 
     shape: tuple[int, ...]
     positive: bool = False
+    nonnegative: bool = False
 
 
 class ExponentialKernel(NamedTuple):
@@ -61,7 +63,7 @@ class EventModel(NamedTuple):
 
 
 def pack(model: EventModel, theta: dict[str, Any]) -> torch.Tensor:
-    """The unconstrained vector u (p,) of theta (log of the positive parameters)."""
+    """The vector u (p,) of theta (log of the positive parameters; the nonnegative ones keep their bound at 0)."""
     pieces = []
     for name, spec in model.parameters.items():
         if name not in theta:
@@ -69,8 +71,12 @@ def pack(model: EventModel, theta: dict[str, Any]) -> torch.Tensor:
         value = torch.as_tensor(theta[name], dtype=D64)
         if tuple(value.shape) != spec.shape:
             raise ValueError(f"theta[{name!r}] must have shape {spec.shape}, got {tuple(value.shape)}")
+        if spec.positive and spec.nonnegative:
+            raise ValueError(f"parameter {name!r} is declared positive and nonnegative: choose one")
         if spec.positive and not bool((value > 0).all()):
             raise ValueError(f"theta[{name!r}] must be > 0, got {value.tolist()}")
+        if spec.nonnegative and not bool((value >= 0).all()):
+            raise ValueError(f"theta[{name!r}] must be >= 0, got {value.tolist()}")
         pieces.append((torch.log(value) if spec.positive else value).reshape(-1))
     return torch.cat(pieces)
 
@@ -121,7 +127,7 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
         if fixed.numel() == 0 or not bool((fixed > 0).all()):
             raise ValueError(f"hawkes(decays=...) must be positive numbers, got {list(decays)}")
         u = fixed.numel()
-        parameters = {"baseline": Parameter((k,), True), "adjacency": Parameter((k, k, u), True)}
+        parameters = {"baseline": Parameter((k,), True), "adjacency": Parameter((k, k, u), nonnegative=True)}
         kernel = ExponentialKernel(
             lambda theta: fixed, lambda theta: theta["adjacency"].permute(0, 2, 1), lambda theta: theta["baseline"]
         )
@@ -129,7 +135,7 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
         u = k
         parameters = {
             "baseline": Parameter((k,), True),
-            "adjacency": Parameter((k, k), True),
+            "adjacency": Parameter((k, k), nonnegative=True),
             "decay": Parameter((k,), True),
         }
         eye = torch.eye(k, dtype=D64)
@@ -142,7 +148,7 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
         u = 1
         parameters = {
             "baseline": Parameter((k,), True),
-            "adjacency": Parameter((k, k), True),
+            "adjacency": Parameter((k, k), nonnegative=True),
             "decay": Parameter((), True),
         }
         kernel = ExponentialKernel(
