@@ -21,11 +21,11 @@ import math
 from typing import Any, NamedTuple
 
 import torch
-from torch.func import grad, hessian, jacfwd, jvp, vmap
+from torch.func import grad, jacfwd, jvp, vmap
 
 from ..optim import adam, apply_updates
 from .data import EventData, as_events
-from .likelihood import Carry, Prepared, chunk, forward, init, jet_log_likelihood, kernel_jets, pieces, prepare
+from .likelihood import Carry, Prepared, chunk, forward, init, jet_derivatives, kernel_jets, pieces, prepare
 from .models import EventModel, pack, unpack
 
 
@@ -55,8 +55,7 @@ def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple
     jets of the sums in the decays (``likelihood.kernel_jets``), else torch.func through the whole pass."""
     if model.kernel is not None:
         jets = kernel_jets(model, model.kernel.decays(unpack(model, u)), prepared)
-        local = lambda w: jet_log_likelihood(model, unpack(model, w), jets)
-        return grad(local)(u), hessian(local)(u)
+        return jet_derivatives(model, jets, lambda w: unpack(model, w), u)[1:]
     gradient = grad(_objective(model, prepared, 1.0))
     curvature, first = jacfwd(lambda w: (gradient(w), gradient(w)), has_aux=True)(u)
     return first, curvature

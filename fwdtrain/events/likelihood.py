@@ -20,7 +20,7 @@ along the events) and the observed information.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch
 from torch.func import vmap
 
 from .data import D64, EventData, ties
-from .expsums import exponential_sums, linear_scan
+from .expsums import exponential_sum_jets, exponential_sums, linear_scan
 from .models import EventModel
 
 _NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
@@ -145,14 +145,14 @@ def _exponential_terms(model: EventModel, theta: Any, piece: Piece, carry: Carry
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
     onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
     r, b = piece.times.shape
-    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, 1, -1)  # (R, b, 1, U K)
+    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, -1)  # (R, b, U K)
     coefficients = (weights * decays[:, None]).reshape(model.types, -1)  # (K, U K)
-    intensities = baseline + (strict * coefficients).sum(-1)
+    intensities = baseline + strict @ coefficients.T
     chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
     log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
     after = torch.cat([carry.state[0][:, None], (sums + onehot[:, :, None, :])[:, :-1]], 1)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
-    excess = ((after - sums).reshape(r, b, 1, -1) * weights.reshape(model.types, -1)).sum(-1)
+    excess = (after - sums).reshape(r, b, -1) @ weights.reshape(model.types, -1).T
     return log_rate, baseline * gaps[..., None] + excess
 
 
@@ -171,13 +171,14 @@ class Jet(NamedTuple):
 
 
 class KernelJets(NamedTuple):
-    """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the strict sums at
-    the real events (N, U, K) and their types (N,), the sums after each realization's last event (R, U, K),
-    the time from that event to the end (R,), the counts of each type (K,) and the total observed time."""
+    """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the features of
+    the real events (N, 1 + 3 U K) = (1, then S, dS/db_u, d^2S/db_u^2 of the strict sums, (u, j, order)
+    flattened), their types one-hot (N, K), the sums after each realization's last event (R, U, K), the time
+    from that event to the end (R,), the counts of each type (K,) and the total observed time."""
 
     decays: torch.Tensor
-    types: torch.Tensor
-    strict: Jet
+    features: torch.Tensor
+    onehot: torch.Tensor
     last: Jet
     remaining: torch.Tensor
     counts: torch.Tensor
@@ -186,51 +187,81 @@ class KernelJets(NamedTuple):
 
 def kernel_jets(model: EventModel, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
     """The jets of an exponential-kernel model at ``decays`` (see ``KernelJets``): the sums' derivatives in the
-    decays by nested forward mode, the sensitivity dS/dbeta carried along the events chunk to chunk."""
-    ones = torch.ones_like(decays)
+    decays (``expsums.exponential_sum_jets``), carried along the events chunk to chunk."""
     data = prepared.data
     k = model.types
-    carry = Jet(*(torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)))
+    carry: tuple[torch.Tensor, ...] = tuple(
+        torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)
+    )
     time = data.start
     strict = []
     for piece in pieces(prepared, size):
         onehot = torch.nn.functional.one_hot(piece.types, k).to(D64) * piece.mask[..., None]
-
-        def sums(b: torch.Tensor, carry: Jet = carry, time: torch.Tensor = time, onehot: torch.Tensor = onehot):
-            return exponential_sums(b, piece.times, onehot, time, carry.at(b - decays))
-
-        def first(b: torch.Tensor):
-            return torch.func.jvp(sums, (b,), (ones,))
-
-        (value, slope), (_, curve) = torch.func.jvp(first, (decays,), (ones,))  # type: ignore[misc]
+        sums, carry = exponential_sum_jets(decays, piece.times, onehot, time, carry)
         earlier = piece.earlier[:, :, None, :]
-        strict.append(Jet((value[0] - earlier)[piece.mask], slope[0][piece.mask], curve[0][piece.mask]))
-        carry, time = Jet(value[1], slope[1], curve[1]), piece.times[:, -1]
-    joined = Jet(*(torch.cat([jet[i] for jet in strict]) for i in range(3)))
+        strict.append(torch.stack([sums[0] - earlier, sums[1], sums[2]], -1)[piece.mask])
+        time = piece.times[:, -1]
+    joined = torch.cat(strict)
+    features = torch.cat([torch.ones((joined.shape[0], 1), dtype=D64), joined.reshape(joined.shape[0], -1)], 1)
     return KernelJets(
-        decays,
-        data.types[data.mask],
-        joined,
-        carry,
-        data.end - time,
-        data.counts().sum(0),
-        (data.end - data.start).sum(),
+        decays=decays,
+        features=features,
+        onehot=torch.nn.functional.one_hot(data.types[data.mask], k).to(D64),
+        last=Jet(*carry),
+        remaining=data.end - time,
+        counts=data.counts().sum(0),
+        span=(data.end - data.start).sum(),
     )
 
 
-def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch.Tensor:
-    """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
-    Hessian, at a theta whose decays are ``jets.decays``; cheap to differentiate twice. The compensator
-    telescopes: int beta_u S_uj dt over [start, end] = N_j - S_uj(end)."""
+def _jet_table(model: EventModel, theta: Any, jets: KernelJets) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the coefficients (K, F) with lambda_i = features_i . table_{k_i}, the compensator (0-d)) at theta, the
+    sums replaced by their jets. The compensator telescopes: int beta_u S_uj dt over [start, end] = N_j -
+    S_uj(end)."""
     kernel = model.kernel
     assert kernel is not None
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
     shift = decays - jets.decays
-    coefficients = (weights * decays[:, None])[jets.types]  # (N, U, K)
-    intensities = baseline[jets.types] + (coefficients * jets.strict.at(shift)).sum((1, 2))
+    powers = torch.stack([torch.ones_like(shift), shift, shift * shift / 2], -1)  # (U, 3)
+    coefficients = ((weights * decays[:, None])[..., None] * powers[:, None, :]).reshape(model.types, -1)
     at_end = (jets.last.at(shift) * torch.exp(-jets.remaining[:, None] * decays)[..., None]).sum(0)  # (U, K)
     compensator = baseline.sum() * jets.span + (weights * (jets.counts - at_end)).sum()
+    return torch.cat([baseline[:, None], coefficients], 1), compensator
+
+
+def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch.Tensor:
+    """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
+    Hessian, at a theta whose decays are ``jets.decays``."""
+    table, compensator = _jet_table(model, theta, jets)
+    intensities = ((jets.features @ table.T) * jets.onehot).sum(1)
     return torch.log(intensities).sum() - compensator
+
+
+def jet_derivatives(
+    model: EventModel, jets: KernelJets, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log L, its gradient (p,), its Hessian (p, p)) in u at a u whose decays are ``jets.decays``, theta =
+    ``to_theta(u)``. The events enter through Phi(T) = sum_i log(x_i . T_{k_i}) of the table T (K, F), whose
+    derivatives are closed-form, d Phi / d T_k = sum_{k_i = k} x_i / lambda_i and
+    d^2 Phi / d T_k^2 = -sum_{k_i = k} x_i x_i^T / lambda_i^2 (one pass over the events, no tangents); u enters
+    through the small map u -> (T, compensator), differentiated by torch.func (reverse over reverse) on the surrogate
+    Phi(T0) + G . (T - T0) + (T - T0) H (T - T0) / 2 - compensator, equal to log L to second order at u."""
+    table0, _ = _jet_table(model, to_theta(u), jets)
+    intensities = ((jets.features @ table0.T) * jets.onehot).sum(1)
+    inverse = jets.onehot / intensities[:, None]  # (N, K)
+    slope = inverse.T @ jets.features  # (K, F)
+    squares = inverse * inverse
+    curvature = -torch.stack([(jets.features * squares[:, k, None]).T @ jets.features for k in range(model.types)])
+
+    def surrogate(w: torch.Tensor) -> torch.Tensor:
+        table, compensator = _jet_table(model, to_theta(w), jets)
+        delta = table - table0
+        return (slope * delta).sum() + 0.5 * torch.einsum("kf,kfg,kg->", delta, curvature, delta) - compensator
+
+    gradient = torch.func.grad(surrogate)(u)
+    hessian = torch.func.jacrev(torch.func.jacrev(surrogate))(u)  # reverse over reverse: the map is small
+    value = torch.log(intensities).sum() - _jet_table(model, to_theta(u), jets)[1]
+    return value, gradient, hessian
 
 
 def _rates(model: EventModel, theta: Any, y: torch.Tensor) -> torch.Tensor:
@@ -357,6 +388,7 @@ __all__ = [
     "chunk",
     "forward",
     "init",
+    "jet_derivatives",
     "jet_log_likelihood",
     "kernel_jets",
     "log_likelihood",
