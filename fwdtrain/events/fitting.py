@@ -26,7 +26,7 @@ from torch.func import grad, jacfwd, jvp, vmap
 from ..optim import adam, apply_updates
 from .data import EventData, as_events
 from .likelihood import Carry, Prepared, chunk, forward, init, jet_derivatives, kernel_jets, pieces, prepare
-from .models import EventModel, pack, unpack
+from .models import EventModel, ExponentialHawkes, pack, unpack
 
 
 class FitResult(NamedTuple):
@@ -53,7 +53,7 @@ def _objective(model: EventModel, prepared: Prepared, scale: float):
 def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient (p,) and Hessian (p, p) of log L in u, from one pass: for exponential kernels through the
     jets of the sums in the decays (``likelihood.kernel_jets``), else torch.func through the whole pass."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         jets = kernel_jets(model, model.kernel.decays(unpack(model, u)), prepared)
         return jet_derivatives(model, jets, lambda w: unpack(model, w), u)[1:]
     gradient = grad(_objective(model, prepared, 1.0))
@@ -91,7 +91,7 @@ def _errors(model: EventModel, information: torch.Tensor) -> tuple[torch.Tensor,
 
 def information(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> torch.Tensor:
     """The observed information (p, p) in natural units at ``params``: one gradient and one Hessian pass."""
-    prepared = prepare(model, as_events(events, end_time, types=model.types))
+    prepared = prepare(model, as_events(events, end_time, types=model.type_count))
     u = pack(model, params)
     return natural_information(model, u, *derivatives(model, prepared, u))
 
@@ -239,7 +239,7 @@ def fit(
         )
     if method not in ("batch", "online"):
         raise ValueError(f"method must be 'batch' or 'online', got {method!r}")
-    data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.types)
+    data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.type_count)
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
     pack(model, theta)  # checked before any work

@@ -4,13 +4,14 @@
 
 An engine walks the events in chunks, carrying the state (``Carry``) from chunk to chunk; each chunk returns
 log lambda_{k_i}(t_i-) (R, b) and the compensator of each type over the interval that ends at each event
-(R, b, K), and ``tail`` the compensator from the last event to the window's end. Two engines:
+(R, b, K), and ``tail`` the compensator from the last event to the window's end. One engine per model kind:
 
-- exponential kernels (``ExponentialKernel``): the state S is the exponential sums, computed for a whole chunk
-  at once (``expsums``); the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
-- any other model: event by event (vectorised over realizations), Y in closed form between events for a
-  ``decay`` (the compensator by 8-point Gauss-Legendre on pieces of at most ``model.step``), else by RK4 steps of
-  at most ``model.step`` on (Y, Lambda).
+- ``ExponentialHawkes``: the state S is the exponential sums, computed for a whole chunk at once (``expsums``);
+  the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
+- ``AdditiveModel``: Y(t_i-) is a linear recursion, scanned over a chunk; each interval's compensator by
+  8-point Gauss-Legendre on pieces of at most ``model.step``, all intervals at once;
+- ``GeneralModel``: event by event (vectorised over realizations), Y in closed form between events for a
+  ``decay`` (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda).
 
 At tied times the intensity is the left limit of the tie: an event does not see the jumps of events at its own time.
 Everything is a pure torch function of theta, so torch.func gives the gradient (forward mode carries dY/dtheta
@@ -29,7 +30,7 @@ from torch.func import vmap
 
 from .data import D64, EventData, ties
 from .expsums import exponential_sum_jets, exponential_sums, linear_scan
-from .models import EventModel
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
 
 _NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
 
@@ -62,20 +63,29 @@ class Prepared(NamedTuple):
 
 
 def prepare(model: EventModel, data: EventData) -> Prepared:
-    """Check that ``data`` fits ``model`` and precompute the ties and integration pieces."""
-    if data.dimension > model.types:
+    """Check that ``data`` fits ``model`` (an ``AdditiveModel``'s jump at its start theta: ``check_additive``)
+    and precompute the ties and integration pieces."""
+    if not isinstance(model, ExponentialHawkes | AdditiveModel | GeneralModel):
+        raise TypeError(f"a model must be an ExponentialHawkes, AdditiveModel or GeneralModel, got {type(model)}")
+    if data.dimension > model.type_count:
         raise ValueError(
-            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.types}: "
-            "build the model with more types or relabel the events"
+            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has "
+            f"{model.type_count}: build the model with more types or relabel the events"
         )
-    if data.dimension < model.types:
-        data = data._replace(dimension=model.types)
+    if data.dimension < model.type_count:
+        data = data._replace(dimension=model.type_count)
+    if isinstance(model, AdditiveModel):
+        check_additive(model, model.start(data), data.marks.shape[-1])
     times = data.times
     previous = torch.cat([data.start[:, None], times[:, :-1]], 1)
     gaps = (times - previous).max(0).values
-    step = float(model.step)
-    pieces = tuple(max(1, math.ceil(float(g) / step)) for g in gaps) if model.kernel is None else ()
-    tail = max(1, math.ceil(float((data.end - times[:, -1]).max()) / step))
+    pieces: tuple[int, ...] = ()
+    if isinstance(model, ExponentialHawkes):
+        tail = 1
+    else:
+        step = float(model.step)
+        pieces = tuple(max(1, math.ceil(float(g) / step)) for g in gaps)
+        tail = max(1, math.ceil(float((data.end - times[:, -1]).max()) / step))
     tied = torch.zeros_like(data.mask)
     tied[:, 1:] = times[:, 1:] == times[:, :-1]
     piece = Piece(times, data.types, data.marks, data.mask, ties(data), tied, pieces)
@@ -101,58 +111,59 @@ def pieces(prepared: Prepared, size: int) -> Iterator[Piece]:
 
 def init(model: EventModel, theta: Any, data: EventData) -> Carry:
     """The state at the windows' starts: 0 (Y(start) = 0 for every model)."""
-    y = torch.zeros((data.realizations, model.dimension), dtype=D64)
-    if model.kernel is not None:
+    y = torch.zeros((data.realizations, model.state_size), dtype=D64)
+    if isinstance(model, ExponentialHawkes):
         decays = model.kernel.decays(theta)
-        return Carry((y.reshape(data.realizations, decays.shape[0], model.types) * decays.new_zeros(()),), data.start)
+        shape = (data.realizations, decays.shape[0], model.type_count)
+        return Carry((y.reshape(shape) * decays.new_zeros(()),), data.start)
     return Carry((y, y), data.start)
 
 
 def chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece) -> tuple[Carry, torch.Tensor, torch.Tensor]:
     """(the carry after the chunk, log lambda_{k_i}(t_i-) (R, b) (0 on padding), compensators (R, b, K))."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         return _exponential_chunk(model, theta, carry, piece)
-    if model.additive and model.decay is not None:
+    if isinstance(model, AdditiveModel):
         return _additive_chunk(model, theta, carry, piece)
+    assert isinstance(model, GeneralModel)
     return _sequential_chunk(model, theta, carry, piece)
 
 
 def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substeps: int) -> torch.Tensor:
     """The compensator (R, K) from the carry's time to ``end`` (R,), with no events."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         kernel = model.kernel
         decays = kernel.decays(theta)
         gap = end - carry.time
         fade = 1 - torch.exp(-gap[:, None] * decays)  # (R, U)
         excess = torch.einsum("iuj,ruj->ri", kernel.weights(theta), carry.state[0] * fade[..., None])
         return kernel.baseline(theta) * gap[:, None] + excess
+    assert isinstance(model, AdditiveModel | GeneralModel)
     _, compensator = _advance(model, theta, carry.state[0], end - carry.time, substeps)
     return compensator
 
 
-def _exponential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
-    assert model.kernel is not None
-    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+def _exponential_chunk(model: ExponentialHawkes, theta: Any, carry: Carry, piece: Piece):
+    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
     sums, last = exponential_sums(model.kernel.decays(theta), piece.times, onehot, carry.time, carry.state[0])
     log_rate, compensator = _exponential_terms(model, theta, piece, carry, sums)
     return Carry((last,), piece.times[:, -1]), log_rate, compensator
 
 
-def _exponential_terms(model: EventModel, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
+def _exponential_terms(model: ExponentialHawkes, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
     """log lambda_{k_i}(t_i-) and the compensators of a chunk from its exponential sums (R, b, U, K)."""
     kernel = model.kernel
-    assert kernel is not None
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
-    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
     r, b = piece.times.shape
     strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, -1)  # (R, b, U K)
-    coefficients = (weights * decays[:, None]).reshape(model.types, -1)  # (K, U K)
+    coefficients = (weights * decays[:, None]).reshape(model.type_count, -1)  # (K, U K)
     intensities = baseline + strict @ coefficients.T
     chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
     log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
     after = torch.cat([carry.state[0][:, None], (sums + onehot[:, :, None, :])[:, :-1]], 1)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
-    excess = (after - sums).reshape(r, b, -1) @ weights.reshape(model.types, -1).T
+    excess = (after - sums).reshape(r, b, -1) @ weights.reshape(model.type_count, -1).T
     return log_rate, baseline * gaps[..., None] + excess
 
 
@@ -185,11 +196,11 @@ class KernelJets(NamedTuple):
     span: torch.Tensor
 
 
-def kernel_jets(model: EventModel, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
+def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
     """The jets of an exponential-kernel model at ``decays`` (see ``KernelJets``): the sums' derivatives in the
     decays (``expsums.exponential_sum_jets``), carried along the events chunk to chunk."""
     data = prepared.data
-    k = model.types
+    k = model.type_count
     carry: tuple[torch.Tensor, ...] = tuple(
         torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)
     )
@@ -214,22 +225,21 @@ def kernel_jets(model: EventModel, decays: torch.Tensor, prepared: Prepared, siz
     )
 
 
-def _jet_table(model: EventModel, theta: Any, jets: KernelJets) -> tuple[torch.Tensor, torch.Tensor]:
+def _jet_table(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> tuple[torch.Tensor, torch.Tensor]:
     """(the coefficients (K, F) with lambda_i = features_i . table_{k_i}, the compensator (0-d)) at theta, the
     sums replaced by their jets. The compensator telescopes: int beta_u S_uj dt over [start, end] = N_j -
     S_uj(end)."""
     kernel = model.kernel
-    assert kernel is not None
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
     shift = decays - jets.decays
     powers = torch.stack([torch.ones_like(shift), shift, shift * shift / 2], -1)  # (U, 3)
-    coefficients = ((weights * decays[:, None])[..., None] * powers[:, None, :]).reshape(model.types, -1)
+    coefficients = ((weights * decays[:, None])[..., None] * powers[:, None, :]).reshape(model.type_count, -1)
     at_end = (jets.last.at(shift) * torch.exp(-jets.remaining[:, None] * decays)[..., None]).sum(0)  # (U, K)
     compensator = baseline.sum() * jets.span + (weights * (jets.counts - at_end)).sum()
     return torch.cat([baseline[:, None], coefficients], 1), compensator
 
 
-def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch.Tensor:
+def jet_log_likelihood(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> torch.Tensor:
     """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
     Hessian, at a theta whose decays are ``jets.decays``."""
     table, compensator = _jet_table(model, theta, jets)
@@ -238,7 +248,7 @@ def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch
 
 
 def jet_derivatives(
-    model: EventModel, jets: KernelJets, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
+    model: ExponentialHawkes, jets: KernelJets, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log L, its gradient (p,), its Hessian (p, p)) in u at a u whose decays are ``jets.decays``, theta =
     ``to_theta(u)``. The events enter through Phi(T) = sum_i log(x_i . T_{k_i}) of the table T (K, F), whose
@@ -251,7 +261,7 @@ def jet_derivatives(
     inverse = jets.onehot / intensities[:, None]  # (N, K)
     slope = inverse.T @ jets.features  # (K, F)
     squares = inverse * inverse
-    curvature = -torch.stack([(jets.features * squares[:, k, None]).T @ jets.features for k in range(model.types)])
+    curvature = -torch.stack([(jets.features * squares[:, k, None]).T @ jets.features for k in range(model.type_count)])
 
     def surrogate(w: torch.Tensor) -> torch.Tensor:
         table, compensator = _jet_table(model, to_theta(w), jets)
@@ -267,10 +277,10 @@ def jet_derivatives(
 def _rates(model: EventModel, theta: Any, y: torch.Tensor) -> torch.Tensor:
     """lambda at states y (..., d) -> (..., K)."""
     flat = y.reshape(-1, y.shape[-1])
-    return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.types)
+    return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.type_count)
 
 
-def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
     """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it)."""
     if model.decay is not None:
         decay = model.decay(theta)
@@ -280,6 +290,7 @@ def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, 
         weights = _WEIGHTS.repeat(substeps) / (2 * substeps)
         compensator = torch.einsum("rqk,q->rk", _rates(model, theta, path), weights) * gap[:, None]
         return y * torch.exp(-gap[:, None] * decay), compensator
+    assert isinstance(model, GeneralModel)
     if model.drift is None:
         return y, _rates(model, theta, y) * gap[:, None]
     drift = vmap(model.drift, in_dims=(None, 0))
@@ -288,7 +299,7 @@ def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, 
     def field(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return drift(theta, state), _rates(model, theta, state)
 
-    compensator = y.new_zeros((y.shape[0], model.types))
+    compensator = y.new_zeros((y.shape[0], model.type_count))
     for _ in range(substeps):
         k1, r1 = field(y)
         k2, r2 = field(y + h / 2 * k1)
@@ -299,15 +310,15 @@ def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, 
     return y, compensator
 
 
-def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece):
     """Jumps that do not depend on Y and a closed-form decay: Y(t_i-) = exp(-decay dt_i) (Y(t_{i-1}-) + J_{i-1})
     is a linear recursion, evaluated as a scan over the whole chunk, and each interval's compensator by
     Gauss-Legendre on as many pieces as the chunk's longest interval needs, all intervals at once."""
     y0, left0 = carry.state
     r, b = piece.times.shape
-    decay = model.decay(theta)  # type: ignore[misc]
+    decay = model.decay(theta)
     flat = piece.marks.reshape(r * b, -1)
-    zeros = y0.new_zeros((r * b, model.dimension))
+    zeros = y0.new_zeros((r * b, model.state_size))
     jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, zeros, piece.types.reshape(-1), flat)
     jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(D64)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)  # (R, b)
@@ -316,7 +327,7 @@ def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
     before = linear_scan(fades, fades * after)  # Y(t_i-), in index order
     starts = torch.cat([y0[:, None], (before + jumps)[:, :-1]], 1)  # Y just after the previous event
     group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
-    left = torch.gather(before, 1, group[..., None].expand(r, b, model.dimension))
+    left = torch.gather(before, 1, group[..., None].expand(r, b, model.state_size))
     left = torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
     rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
     log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
@@ -329,7 +340,7 @@ def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
     return Carry((end, left[:, -1]), piece.times[:, -1]), log_rate, compensator
 
 
-def _sequential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+def _sequential_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
     y, left = carry.state
     time = carry.time
     jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
@@ -362,8 +373,8 @@ def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 
     carry = init(model, theta, prepared.data)
     log_rates, compensators = [], []
     n = prepared.piece.times.shape[1]
-    scanned = model.kernel is not None or (model.additive and model.decay is not None)
-    for piece in pieces(prepared, (size if model.kernel is not None else size // 8) if scanned else n):
+    length = {ExponentialHawkes: size, AdditiveModel: size // 8, GeneralModel: n}[type(model)]
+    for piece in pieces(prepared, length):
         carry, log_rate, compensator = chunk(model, theta, carry, piece)
         log_rates.append(log_rate)
         compensators.append(compensator)

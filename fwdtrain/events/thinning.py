@@ -18,12 +18,15 @@ import numpy as np
 import torch
 
 from .data import D64, EventData, from_tick
-from .models import EventModel
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
 
 
 def _flow(model: EventModel, theta: Any, y: torch.Tensor, span: float) -> torch.Tensor:
     if span <= 0:
         return y
+    if isinstance(model, ExponentialHawkes | AdditiveModel):
+        return y * torch.exp(-model.decay(theta) * span)
+    assert isinstance(model, GeneralModel)
     if model.decay is not None:
         return y * torch.exp(-model.decay(theta) * span)
     if model.drift is None:
@@ -59,7 +62,7 @@ def _path(
     window: float,
     limit: int,
 ):
-    y, t = torch.zeros(model.dimension, dtype=D64), start
+    y, t = torch.zeros(model.state_size, dtype=D64), start
     times, kinds, values = [], [], []
     while t < end:
         span = min(window, end - t)
@@ -78,7 +81,7 @@ def _path(
             )
         if rng.uniform() * bound >= total:
             continue
-        kind = int(rng.choice(model.types, p=(rates / rates.sum()).numpy()))
+        kind = int(rng.choice(model.type_count, p=(rates / rates.sum()).numpy()))
         mark = torch.as_tensor(np.asarray(marks(rng, kind) if marks is not None else [], dtype=np.float64))
         y = y + model.jump(theta, y, torch.tensor(kind), mark)
         times.append(t)
@@ -106,13 +109,18 @@ def simulate(
     if not (np.isfinite(end_time) and end_time > 0):
         raise ValueError(f"end_time must be a positive number, got {end_time!r}")
     theta = {name: torch.as_tensor(value, dtype=D64) for name, value in theta.items()}
+    if isinstance(model, AdditiveModel):
+        width = np.asarray(marks(np.random.default_rng(seed), 0) if marks is not None else []).size
+        check_additive(model, theta, width)
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         paths = [
             _path(model, theta, 0.0, float(end_time), rng, marks, float(window), max_events)
             for _ in range(realizations)
         ]
-    data = from_tick([[times[kinds == k] for k in range(model.types)] for times, kinds, _ in paths], end_time=end_time)
+    data = from_tick(
+        [[times[kinds == k] for k in range(model.type_count)] for times, kinds, _ in paths], end_time=end_time
+    )
     q = max((len(v[0]) for _, _, v in paths if v), default=0)
     if q == 0:
         return data
