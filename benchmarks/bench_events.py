@@ -10,8 +10,10 @@ numpy/scipy, the profile likelihood over the decay by bounded Brent, each inner 
 analytic gradient, the exponential sums by ``np.logaddexp.accumulate``. Rows, all in one run, each the best of
 ``--repeats`` (other jobs may share the machine): the reference, ``fit(method="batch")`` cold (the process's first
 torch.func call included) and warm with its ratio to the reference, ``method="online"``, the standard errors alone
-(``information``); the largest relative difference of each estimate to the reference. Writes JSON to
-benchmarks/results/bench_events.json.
+(``information``); the largest relative difference of each estimate to the reference. Then a 2-D process with
+four exponentials (decays 1, 10, 100, 1000; ~10,000 events): the scipy fit at those fixed decays, fwdtrain's fit
+at fixed decays and with the decays fitted, and one derivative pass with 4 fitted decays against one decay.
+Writes JSON to benchmarks/results/bench_events.json.
 """
 
 from __future__ import annotations
@@ -32,26 +34,71 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MU, ALPHA, BETA = np.array([0.5, 0.3]), np.array([[0.5, 0.2], [0.3, 0.4]]), 1.5
 
 
-def simulate(end: float, seed: int) -> list[np.ndarray]:
-    """Immigrants at rate mu_i; each type-j event has Poisson(alpha_ij) type-i children at Exp(beta) delays."""
+def simulate(end: float, seed: int, mu=MU, alpha=ALPHA[..., None], decays=(BETA,)) -> list[np.ndarray]:
+    """Immigrants at rate mu_i; each type-j event has Poisson(alpha_iju) type-i children at Exp(b_u) delays
+    (alpha (K, K, U): sum-of-exponential kernels)."""
     rng = np.random.default_rng(seed)
-    generation = [rng.uniform(0, end, rng.poisson(m * end)) for m in MU]
+    k = len(mu)
+    generation = [rng.uniform(0, end, rng.poisson(m * end)) for m in mu]
     out = [list(g) for g in generation]
     while any(g.size for g in generation):
-        children: list[list[np.ndarray]] = [[], []]
+        children: list[list[np.ndarray]] = [[] for _ in range(k)]
         for j, parents in enumerate(generation):
-            for i in range(2):
-                counts = rng.poisson(ALPHA[i, j], parents.size)
-                times = np.repeat(parents, counts) + rng.exponential(1 / BETA, counts.sum())
-                children[i].append(times[times < end])
+            for i in range(k):
+                for u, b in enumerate(decays):
+                    counts = rng.poisson(alpha[i, j, u], parents.size)
+                    times = np.repeat(parents, counts) + rng.exponential(1 / b, counts.sum())
+                    children[i].append(times[times < end])
         generation = [np.concatenate(c) for c in children]
-        for i in range(2):
+        for i in range(k):
             out[i].extend(generation[i])
     return [np.sort(np.asarray(t)) for t in out]
 
 
-def flat(params: dict[str, torch.Tensor]) -> np.ndarray:
-    return np.concatenate([params[k].reshape(-1).numpy() for k in ("baseline", "adjacency", "decay")])
+def flat(params: dict[str, torch.Tensor], names=("baseline", "adjacency", "decay")) -> np.ndarray:
+    return np.concatenate([params[k].reshape(-1).numpy() for k in names])
+
+
+SCALES = (1.0, 10.0, 100.0, 1000.0)
+MULTI_ALPHA = np.full((2, 2, 4), 0.06)
+
+
+def multi_scale(rows: list[dict], repeats: int, end: float) -> dict:
+    """The 4-decay rows: fixed decays against the scipy fit at the same decays, the decays fitted, and the cost of
+    one derivative pass (jets and closed-form derivatives) with 4 fitted decays against one decay."""
+    pp = ft.pointprocess
+    timestamps = simulate(end, 5, MU, MULTI_ALPHA, SCALES)
+    n = sum(t.size for t in timestamps)
+    data = pp.from_tick(timestamps, end_time=end)
+    print(f"2-D Hawkes with 4 exponentials (decays {SCALES}), {n} events on [0, {end:g}]")
+
+    def timed(name, call, times=repeats):
+        seconds, out = best(call, times)
+        rows.append({"variant": name, "seconds": seconds, "events": n, "repeats": times})
+        print(f"{name:<44}{seconds:>9.3f} s", flush=True)
+        return out
+
+    mu, alpha, _, _ = timed("scipy, 4 fixed decays", lambda: scipy_hawkes.fixed_decays(timestamps, end, SCALES))
+    fixed = pp.hawkes(dimension=2, decays=SCALES)
+    mine = timed("fwdtrain batch, 4 fixed decays", lambda: pp.fit(fixed, data))
+    fitted = pp.hawkes(dimension=2, decays=SCALES, fit_decays=True)
+    free = timed("fwdtrain batch, 4 decays fitted", lambda: pp.fit(fitted, data), 1)
+    one = pp.hawkes(dimension=2)
+    timed("one derivative pass, 1 decay", lambda: pp.information(one, one.start(data), data))
+    timed("one derivative pass, 4 decays fitted", lambda: pp.information(fitted, free.params, data))
+    exact = np.concatenate([mu, alpha.reshape(-1)])
+    return {
+        "multi_scale_events": n,
+        "fixed_x_faster_than_scipy": rows[-5]["seconds"] / rows[-4]["seconds"],
+        "fixed_iterations": mine.iterations,
+        "fixed_max_abs_difference_to_scipy": float(
+            np.max(np.abs(flat(mine.params, ("baseline", "adjacency")) - exact))
+        ),
+        "fitted_iterations": free.iterations,
+        "fitted_decays": free.params["decays"].tolist(),
+        "fitted_decays_stderr": free.stderr["decays"].tolist(),
+        "pass_4_decays_over_1": rows[-1]["seconds"] / rows[-2]["seconds"],
+    }
 
 
 def best(call, repeats: int) -> tuple[float, object]:
@@ -70,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--end", type=float, default=None, help="the window's end (14,500: ~40,000 events)")
     parser.add_argument("--repeats", type=int, default=3, help="timings are the best of this many runs")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--multi-end", type=float, default=None, help="the 4-decay window (2,000: ~10,000 events)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_events.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -114,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         "stderr_from_information": np.sqrt(np.diag(covariance)).tolist(),
         "online_z_to_batch": (np.abs(flat(online.params) - flat(warm.params)) / flat(warm.stderr)).tolist(),
     }
+    summary.update(multi_scale(rows, args.repeats, args.multi_end or (100.0 if args.quick else 2_000.0)))
     print(json.dumps(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": before, "rows": rows, "summary": summary}, indent=1))

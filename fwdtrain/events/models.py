@@ -167,7 +167,7 @@ def size(model: EventModel) -> int:
     return sum(math.prod(spec.shape) for spec in model.parameters.values())
 
 
-def _hawkes_start(k: int, u: int, per_decay: Sequence[float] | None, row: bool):
+def _hawkes_start(k: int, u: int, per_decay: torch.Tensor | None, row: bool, fitted: bool):
     def start(data: EventData) -> dict[str, torch.Tensor]:
         span = float((data.end - data.start).sum())
         rates = data.counts().sum(0) / span
@@ -178,15 +178,21 @@ def _hawkes_start(k: int, u: int, per_decay: Sequence[float] | None, row: bool):
             theta["decay"] = torch.full((k,) if row else (), scale, dtype=D64)
         else:
             theta["adjacency"] = torch.full((k, k, u), 0.4 / (k * u), dtype=D64)
+            if fitted:
+                theta["decays"] = per_decay.clone()
         return theta
 
     return start
 
 
-def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | None = None) -> ExponentialHawkes:
+def hawkes(
+    dimension: int = 1, decay: str = "shared", decays: Sequence[float] | None = None, fit_decays: bool = False
+) -> ExponentialHawkes:
     """tick's K-dimensional exponential Hawkes process, theta = {"baseline" (K,), "adjacency" (K, K),
-    "decay" () or (K,) for ``decay="row"``}; with ``decays`` fixed, sum-of-exponential kernels with
-    "adjacency" (K, K, U). Stationary when the spectral radius of sum_u adjacency[..., u] is < 1. ``dimension`` is
+    "decay" () or (K,) for ``decay="row"``}; with ``decays`` (U,), sum-of-exponential kernels with
+    "adjacency" (K, K, U), the decays fixed (tick's), or with ``fit_decays=True`` fitted as theta["decays"] (U,)
+    from the given values (a pass costs about U times one decay's: the sums of each decay and their first two
+    derivatives in it). Stationary when the spectral radius of sum_u adjacency[..., u] is < 1. ``dimension`` is
     K, the number of event types (tick's word); the model's state has U K entries."""
     k = int(dimension)
     if k < 1:
@@ -199,9 +205,15 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
             raise ValueError(f"hawkes(decays=...) must be positive numbers, got {list(decays)}")
         u = fixed.numel()
         parameters = {"baseline": Parameter((k,), True), "adjacency": Parameter((k, k, u), True)}
+        if fit_decays:
+            parameters["decays"] = Parameter((u,), True)
         kernel = ExponentialKernel(
-            lambda theta: fixed, lambda theta: theta["adjacency"].permute(0, 2, 1), lambda theta: theta["baseline"]
+            (lambda theta: theta["decays"]) if fit_decays else (lambda theta: fixed),
+            lambda theta: theta["adjacency"].permute(0, 2, 1),
+            lambda theta: theta["baseline"],
         )
+    elif fit_decays:
+        raise ValueError("hawkes(fit_decays=True) needs the starting decays: hawkes(decays=(b_1, ..., b_U), ...)")
     elif decay == "row":
         u = k
         parameters = {
@@ -233,7 +245,7 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
         rate=lambda theta, y: kernel_rate(kernel, theta, y),
         jump=lambda theta, y, kind, z: torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u),
         parameters=parameters,
-        start=_hawkes_start(k, u, decays, decay == "row"),
+        start=_hawkes_start(k, u, None if decays is None else fixed, decay == "row", fit_decays),
         bound=lambda theta, y, horizon: kernel_rate(kernel, theta, y),
         kernel=kernel,
     )
