@@ -66,7 +66,7 @@ def test_each_option_of_intensity_model_reaches_the_model(option, check):
 
 
 def _counted(monkeypatch):
-    calls = {"exponential": 0, "additive": 0, "sequential": 0}
+    calls = {"exponential": 0, "additive": 0, "general": 0}
     for name in calls:
         original = getattr(likelihood, f"_{name}_chunk")
 
@@ -84,14 +84,14 @@ def test_each_kind_takes_its_engine_and_a_user_model_with_additive_true_is_scann
     data = pp.simulate(additive, THETA, 200.0, seed=1)
     assert data.events > 100
     scanned = pp.log_likelihood(additive, THETA, likelihood.prepare(additive, data))
-    assert calls == {"exponential": 0, "additive": 1, "sequential": 0}  # one chunk: every event at once
+    assert calls == {"exponential": 0, "additive": 1, "general": 0}  # one chunk: every event at once
     general = pp.intensity_model(_rate, **BASE, decay=_decay, jump=_side)
     looped = pp.log_likelihood(general, THETA, likelihood.prepare(general, data))
-    assert calls["sequential"] == 1 and calls["additive"] == 1
+    assert calls["general"] == 1 and calls["additive"] == 1
     assert float(scanned) == pytest.approx(float(looped), rel=1e-12)
     hawkes = pp.hawkes(dimension=2)
     pp.log_likelihood(hawkes, hawkes.start(data), likelihood.prepare(hawkes, data))
-    assert calls == {"exponential": 1, "additive": 1, "sequential": 1}
+    assert calls == {"exponential": 1, "additive": 1, "general": 1}
 
 
 def test_a_jump_declared_additive_that_depends_on_y_is_refused_before_any_work():

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from .. import _compat
+from . import recursion
 from .data import D64, EventData, ties
 from .expsums import exponential_sum_jets, exponential_sums, linear_scan
 from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
@@ -126,7 +128,7 @@ def chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece) -> tuple[Ca
     if isinstance(model, AdditiveModel):
         return _additive_chunk(model, theta, carry, piece)
     assert isinstance(model, GeneralModel)
-    return _sequential_chunk(model, theta, carry, piece)
+    return _general_chunk(model, theta, carry, piece)
 
 
 def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substeps: int) -> torch.Tensor:
@@ -280,40 +282,86 @@ def _rates(model: EventModel, theta: Any, y: torch.Tensor) -> torch.Tensor:
     return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.type_count)
 
 
-def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
-    """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it)."""
-    if model.decay is not None:
-        decay = model.decay(theta)
-        unit = (torch.arange(substeps, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / substeps  # (m Q,)
-        at = gap[:, None] * unit  # (R, m Q)
-        path = y[:, None, :] * torch.exp(-at[..., None] * decay)
-        weights = _WEIGHTS.repeat(substeps) / (2 * substeps)
-        compensator = torch.einsum("rqk,q->rk", _rates(model, theta, path), weights) * gap[:, None]
-        return y * torch.exp(-gap[:, None] * decay), compensator
+def _interval(
+    model: AdditiveModel | GeneralModel,
+    theta: Any,
+    y: torch.Tensor,
+    gap: torch.Tensor,
+    substeps: torch.Tensor,
+    most: int,
+    compensate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(Y after ``gap`` (N,) from y (N, d) with no events, the compensator (N, K) over it, or None if not
+    ``compensate``), each interval on its own ``substeps`` (N,) pieces (at most ``most``): the closed-form decay with
+    8-point Gauss-Legendre on each piece (all pieces of all intervals gathered in one batch, summed back by
+    interval), RK4 steps on (Y, Lambda), or (no flow) Y constant. All intervals at once."""
+    decay = model.decay
+    if decay is not None:
+        rates_of_decay = decay(theta)
+        moved = y * torch.exp(-gap[:, None] * rates_of_decay)
+        if not compensate:
+            return moved, None
+        owner = torch.repeat_interleave(torch.arange(y.shape[0]), substeps)  # each piece's interval (P,)
+        first = torch.cumsum(substeps, 0) - substeps
+        index = (torch.arange(owner.shape[0]) - first[owner]).to(D64)  # each piece's place in its interval
+        count = substeps.to(D64)[owner]
+        unit = (index[:, None] + (_NODES + 1) / 2) / count[:, None]  # (P, Q)
+        at = (gap[owner][:, None] * unit)[..., None]
+        path = y[owner][:, None, :] * torch.exp(-at * rates_of_decay)  # (P, Q, d)
+        weights = _WEIGHTS / (2 * count[:, None])
+        per_piece = (_rates(model, theta, path) * weights[..., None]).sum(1) * gap[owner][:, None]  # (P, K)
+        compensator = per_piece.new_zeros((y.shape[0], per_piece.shape[-1])).index_add(0, owner, per_piece)
+        return moved, compensator
     assert isinstance(model, GeneralModel)
     if model.drift is None:
-        return y, _rates(model, theta, y) * gap[:, None]
+        return y, (_rates(model, theta, y) * gap[:, None]) if compensate else None
     drift = vmap(model.drift, in_dims=(None, 0))
-    h = (gap / substeps)[:, None]
-
-    def field(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return drift(theta, state), _rates(model, theta, state)
-
+    h = (gap / substeps.to(D64))[:, None]
     compensator = y.new_zeros((y.shape[0], model.type_count))
-    for _ in range(substeps):
-        k1, r1 = field(y)
-        k2, r2 = field(y + h / 2 * k1)
-        k3, r3 = field(y + h / 2 * k2)
-        k4, r4 = field(y + h * k3)
-        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-        compensator = compensator + h / 6 * (r1 + 2 * r2 + 2 * r3 + r4)
-    return y, compensator
+    for number in range(most):
+        stages = [y]
+        slopes = [drift(theta, y)]
+        for fraction in (0.5, 0.5, 1.0):
+            stages.append(y + fraction * h * slopes[-1])
+            slopes.append(drift(theta, stages[-1]))
+        active = (number < substeps)[:, None]
+        y = torch.where(active, y + h / 6 * (slopes[0] + 2 * slopes[1] + 2 * slopes[2] + slopes[3]), y)
+        if compensate:
+            r = [_rates(model, theta, stage) for stage in stages]
+            compensator = compensator + torch.where(active, h / 6 * (r[0] + 2 * r[1] + 2 * r[2] + r[3]), 0.0)
+    return y, compensator if compensate else None
+
+
+def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+    """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it), on ``substeps`` pieces."""
+    moved, compensator = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps)
+    assert compensator is not None
+    return moved, compensator
+
+
+def _left_limits(before: torch.Tensor, piece: Piece, left0: torch.Tensor) -> torch.Tensor:
+    """Y(t_i-) seen by each event (R, b, d): at a tie, the state before the tie's first event (``left0`` when the
+    tie began in an earlier chunk)."""
+    r, b = piece.times.shape
+    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
+    left = torch.gather(before, 1, group[..., None].expand(r, b, before.shape[-1]))
+    return torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
+
+
+def _log_rates(model: EventModel, theta: Any, left: torch.Tensor, piece: Piece) -> torch.Tensor:
+    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
+    return torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
+
+
+def _substeps(piece: Piece) -> tuple[torch.Tensor, int]:
+    """Each interval's pieces (R, b) and the most of them."""
+    r, b = piece.times.shape
+    return torch.tensor(piece.substeps, dtype=torch.long).expand(r, b), max(piece.substeps, default=1)
 
 
 def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece):
     """Jumps that do not depend on Y and a closed-form decay: Y(t_i-) = exp(-decay dt_i) (Y(t_{i-1}-) + J_{i-1})
-    is a linear recursion, evaluated as a scan over the whole chunk, and each interval's compensator by
-    Gauss-Legendre on as many pieces as the chunk's longest interval needs, all intervals at once."""
+    is a linear recursion, evaluated as a scan over the whole chunk; the compensators by ``_interval``."""
     y0, left0 = carry.state
     r, b = piece.times.shape
     decay = model.decay(theta)
@@ -326,36 +374,49 @@ def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece
     after = torch.cat([y0[:, None], jumps[:, :-1]], 1)  # what each interval starts from, beyond the decayed state
     before = linear_scan(fades, fades * after)  # Y(t_i-), in index order
     starts = torch.cat([y0[:, None], (before + jumps)[:, :-1]], 1)  # Y just after the previous event
-    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
-    left = torch.gather(before, 1, group[..., None].expand(r, b, model.state_size))
-    left = torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
-    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
-    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
-    pieces_ = max(piece.substeps, default=1)
-    unit = (torch.arange(pieces_, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / pieces_  # (M Q,)
-    path = starts[:, :, None, :] * torch.exp(-(gaps[..., None] * unit)[..., None] * decay)  # (R, b, M Q, d)
-    weights = _WEIGHTS.repeat(pieces_) / (2 * pieces_)
-    compensator = (_rates(model, theta, path) * weights[:, None]).sum(2) * gaps[..., None]
+    left = _left_limits(before, piece, left0)
+    substeps, most = _substeps(piece)
+    _, compensator = _interval(model, theta, starts.reshape(r * b, -1), gaps.reshape(-1), substeps.reshape(-1), most)
+    assert compensator is not None
     end = before[:, -1] + jumps[:, -1]
-    return Carry((end, left[:, -1]), piece.times[:, -1]), log_rate, compensator
+    return (
+        Carry((end, left[:, -1]), piece.times[:, -1]),
+        _log_rates(model, theta, left, piece),
+        compensator.reshape(r, b, -1),
+    )
 
 
-def _sequential_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
-    y, left = carry.state
-    time = carry.time
-    jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
-    log_rates, compensators = [], []
-    for i, substeps in enumerate(piece.substeps):
-        moved, compensator = _advance(model, theta, y, piece.times[:, i] - time, substeps)
-        left = torch.where(piece.tied[:, i, None], left, moved)
-        rate = torch.gather(_rates(model, theta, left), 1, piece.types[:, i, None])[:, 0]
-        mask = piece.mask[:, i]
-        log_rates.append(torch.where(mask, torch.log(torch.where(mask, rate, 1.0)), 0.0))
-        compensators.append(compensator)
-        step = jump(theta, moved, piece.types[:, i], piece.marks[:, i])
-        y = moved + mask[:, None].to(D64) * step
-        time = piece.times[:, i]
-    return Carry((y, left), time), torch.stack(log_rates, 1), torch.stack(compensators, 1)
+def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
+    """Any jump and flow: the states after the events, x_i = flow(x_{i-1}) + jump(flow(x_{i-1})), solved for the
+    whole chunk at once by Newton's method (``recursion.solve``: no Python per event); then Y(t_i-), the rates
+    and the compensators of all intervals at once."""
+    y0, left0 = carry.state
+    r, b = piece.times.shape
+    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
+    substeps, most = _substeps(piece)
+    mask = piece.mask.reshape(-1, 1).to(D64)
+    columns = (gaps.reshape(-1), substeps.reshape(-1), piece.types.reshape(-1), piece.marks.reshape(r * b, -1), mask)
+
+    def stepper(parameters: Any, data: tuple) -> Any:
+        gap, steps, kinds, marks, mask = data
+
+        def after(previous: torch.Tensor) -> torch.Tensor:
+            moved, _ = _interval(model, parameters, previous.reshape(r * b, -1), gap, steps, most, False)
+            jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(parameters, moved, kinds, marks)
+            return (moved + mask * jumps).reshape(r, b, -1)
+
+        return after
+
+    plain = stepper(
+        {name: _compat.primal(value) for name, value in theta.items()}, tuple(_compat.primal(c) for c in columns)
+    )
+    path, _ = recursion.solve(stepper(theta, columns), y0, b, plain)
+    previous = torch.cat([y0[:, None], path[:, :-1]], 1).reshape(r * b, -1)
+    before, compensator = _interval(model, theta, previous, columns[0], columns[1], most)
+    assert compensator is not None
+    left = _left_limits(before.reshape(r, b, -1), piece, left0)
+    carry = Carry((path[:, -1], left[:, -1]), piece.times[:, -1])
+    return carry, _log_rates(model, theta, left, piece), compensator.reshape(r, b, -1)
 
 
 class Pass(NamedTuple):
@@ -384,8 +445,9 @@ def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 
     return Pass(total, log_rate, compensator, rest)
 
 
-def log_likelihood(model: EventModel, theta: Any, prepared: Prepared) -> torch.Tensor:
-    """log L(theta), summed over realizations (0-d)."""
+def log_likelihood(model: EventModel, theta: Any, events: Prepared | EventData) -> torch.Tensor:
+    """log L(theta), summed over realizations (0-d), on ``events`` (``EventData``, or ``prepare``'s result)."""
+    prepared = events if isinstance(events, Prepared) else prepare(model, events)
     return forward(model, theta, prepared).log_likelihood
 
 
