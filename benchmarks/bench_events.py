@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--end", type=float, default=None, help="the window's end (14,500: ~40,000 events)")
     parser.add_argument("--repeats", type=int, default=3, help="timings are the best of this many runs")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--multi-end", type=float, default=None, help="the 4-decay window (2,000: ~10,000 events)")
+    parser.add_argument("--multi-end", type=float, default=None, help="the 4-decay window (6,500: ~10,000 events)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_events.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         "stderr_from_information": np.sqrt(np.diag(covariance)).tolist(),
         "online_z_to_batch": (np.abs(flat(online.params) - flat(warm.params)) / flat(warm.stderr)).tolist(),
     }
-    summary.update(multi_scale(rows, args.repeats, args.multi_end or (100.0 if args.quick else 2_000.0)))
+    summary.update(multi_scale(rows, args.repeats, args.multi_end or (100.0 if args.quick else 6_500.0)))
     summary.update(state_dependent(rows, args.repeats, 200.0 if args.quick else 4_000.0))
     print(json.dumps(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -148,3 +148,13 @@ def test_the_05_names_warn_and_still_work():
     assert old.type_count == 2 and old.state_size == 1
     with pytest.raises(TypeError, match=r"unknown options \['kinds'\]"):
         pp.intensity_model(_rate, parameters=PARAMETERS, kinds=2)
+
+
+def test_simulate_flows_a_drift_as_the_likelihood_does():
+    decaying = pp.intensity_model(_rate, **BASE, decay=_decay, jump=_side, bound=_bound)
+    drifting = pp.intensity_model(_rate, **BASE, drift=_drift, jump=_side, bound=_bound, step=0.01)
+    exact = pp.simulate(decaying, THETA, 50.0, seed=4)
+    integrated = pp.simulate(drifting, THETA, 50.0, seed=4)
+    assert exact.events > 20
+    torch.testing.assert_close(integrated.times, exact.times, rtol=1e-9, atol=1e-9)
+    assert torch.equal(integrated.types, exact.types)

@@ -332,6 +332,12 @@ def _interval(
     return y, compensator if compensate else None
 
 
+def flow(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+    """Y (R, d) after ``gap`` (R,) with no events, on ``substeps`` pieces (RK4 steps for a drift)."""
+    moved, _ = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps, False)
+    return moved
+
+
 def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
     """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it), on ``substeps`` pieces."""
     moved, compensator = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps)
@@ -459,6 +465,7 @@ __all__ = [
     "Piece",
     "Prepared",
     "chunk",
+    "flow",
     "forward",
     "init",
     "jet_derivatives",

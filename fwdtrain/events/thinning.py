@@ -18,28 +18,19 @@ import numpy as np
 import torch
 
 from .data import D64, EventData, from_tick
+from .likelihood import flow
 from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
 
 
 def _flow(model: EventModel, theta: Any, y: torch.Tensor, span: float) -> torch.Tensor:
+    """Y after ``span`` with no events: the likelihood's own flow (``likelihood.flow``), for one state."""
     if span <= 0:
         return y
-    if isinstance(model, ExponentialHawkes | AdditiveModel):
+    if isinstance(model, ExponentialHawkes):
         return y * torch.exp(-model.decay(theta) * span)
-    assert isinstance(model, GeneralModel)
-    if model.decay is not None:
-        return y * torch.exp(-model.decay(theta) * span)
-    if model.drift is None:
-        return y
+    assert isinstance(model, AdditiveModel | GeneralModel)
     steps = max(1, int(np.ceil(span / model.step)))
-    h = span / steps
-    for _ in range(steps):
-        k1 = model.drift(theta, y)
-        k2 = model.drift(theta, y + h / 2 * k1)
-        k3 = model.drift(theta, y + h / 2 * k2)
-        k4 = model.drift(theta, y + h * k3)
-        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return y
+    return flow(model, theta, y[None], torch.full((1,), span, dtype=D64), steps)[0]
 
 
 def _bound(model: EventModel, theta: Any, y: torch.Tensor, window: float) -> torch.Tensor:
