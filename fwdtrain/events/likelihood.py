@@ -400,25 +400,28 @@ def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
     r, b = piece.times.shape
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
     substeps, most = _substeps(piece)
-    mask = piece.mask.reshape(-1, 1).to(D64)
-    columns = (gaps.reshape(-1), substeps.reshape(-1), piece.types.reshape(-1), piece.marks.reshape(r * b, -1), mask)
+    columns = (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(D64))  # (R, b, ...)
 
     def stepper(parameters: Any, data: tuple) -> Any:
-        gap, steps, kinds, marks, mask = data
-
-        def after(previous: torch.Tensor) -> torch.Tensor:
-            moved, _ = _interval(model, parameters, previous.reshape(r * b, -1), gap, steps, most, False)
-            jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(parameters, moved, kinds, marks)
-            return (moved + mask * jumps).reshape(r, b, -1)
+        def after(previous: torch.Tensor, window: slice) -> torch.Tensor:
+            gap, steps, kinds, marks, mask = (column[:, window] for column in data)
+            rows, m = gap.shape
+            flat = rows * m
+            moved, _ = _interval(
+                model, parameters, previous.reshape(flat, -1), gap.reshape(-1), steps.reshape(-1), most, False
+            )
+            jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(
+                parameters, moved, kinds.reshape(-1), marks.reshape(flat, -1)
+            )
+            return (moved + mask.reshape(flat, 1) * jumps).reshape(rows, m, -1)
 
         return after
 
-    plain = stepper(
-        {name: _compat.primal(value) for name, value in theta.items()}, tuple(_compat.primal(c) for c in columns)
-    )
+    numbers = {name: _compat.primal(value) for name, value in theta.items()}
+    plain = stepper(numbers, tuple(_compat.primal(c) for c in columns))
     path, _ = recursion.solve(stepper(theta, columns), y0, b, plain)
     previous = torch.cat([y0[:, None], path[:, :-1]], 1).reshape(r * b, -1)
-    before, compensator = _interval(model, theta, previous, columns[0], columns[1], most)
+    before, compensator = _interval(model, theta, previous, gaps.reshape(-1), substeps.reshape(-1), most)
     assert compensator is not None
     left = _left_limits(before.reshape(r, b, -1), piece, left0)
     carry = Carry((path[:, -1], left[:, -1]), piece.times[:, -1])
