@@ -116,6 +116,21 @@ def transform_of(value: Any) -> str | None:
     return None
 
 
+def primal(value: torch.Tensor) -> torch.Tensor:
+    """The plain value under ``torch.func`` wrappers (grad's and jvp's unwrapped, vmap's first entry: the caller
+    checks that vmap batches no primal it reads), detached: for work that only needs the numbers, such as the
+    start of a Newton solve whose last steps are then differentiated."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(value):
+        if functorch.is_batchedtensor(value):
+            inner, dim = functorch._unwrap_batched(value, functorch.maybe_get_level(value))
+            value = inner if dim is None else inner.select(dim, 0)
+        else:
+            value = functorch.get_unwrapped(value)
+    with outside_transforms():  # an op under an active transform would wrap its result again
+        return value.detach()
+
+
 def transforms_active() -> bool:
     """True inside any ``torch.func`` transform (vmap, grad, jacrev, jacfwd, vjp, jvp): one look at functorch's
     interpreter stack, a fraction of a microsecond (no tensor inspected)."""

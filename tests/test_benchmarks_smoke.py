@@ -192,8 +192,16 @@ def test_bench_jumps_quick(tmp_path):
 def test_bench_events_quick(tmp_path):
     payload = run_module("bench_events", tmp_path, "--quick")
     variants = {row["variant"] for row in payload["rows"]}
-    assert {"fwdtrain batch (warm)", "fwdtrain online", "numpy/scipy exact MLE (L-BFGS-B)"} <= variants
+    expected = {
+        "fwdtrain batch (warm)",
+        "fwdtrain online",
+        "numpy/scipy exact MLE (profile over decay)",
+        "fwdtrain batch, 4 decays fitted",
+        "fwdtrain batch (general engine)",
+    }
+    assert expected <= variants
     assert payload["summary"]["max_relative_difference_batch_scipy"] < 1e-4
+    assert payload["summary"]["state_dependent_max_relative_difference"] < 1e-3
 
 
 def test_route_weights_replays_the_rule_as_bench_route_measured_it():

@@ -144,7 +144,7 @@ def test_the_exact_likelihood_and_its_gradient_equal_the_reference_and_the_engin
     chain = x.copy()  # d/du = x d/dx for u = log x (baseline, decay); the adjacency is fitted as it is
     chain[2:6] = 1.0
     np.testing.assert_allclose(g_u.numpy() / chain, gradient, rtol=1e-8, atol=1e-8)
-    general = model._replace(kernel=None, step=0.5)  # the same model through the event-by-event engine
+    general = model.general(step=0.5)  # the same model through the event-by-event engine
     other = pp.log_likelihood(general, theta, ft.events.prepare(general, data))
     assert float(other) == pytest.approx(value, rel=1e-10)
     prepared_general = ft.events.prepare(general, data)
@@ -171,7 +171,7 @@ def test_ties_see_the_left_limit_in_both_engines():
         exact += math.log(rate)
     exact -= 0.5 * 4.0 + sum(a[:, j].sum() * (1 - math.exp(-b * (4.0 - s))) for s, j in events)
     assert float(pp.log_likelihood(model, theta, ft.events.prepare(model, data))) == pytest.approx(exact, rel=1e-12)
-    general = model._replace(kernel=None, step=0.25)
+    general = model.general(step=0.25)
     assert float(pp.log_likelihood(general, theta, ft.events.prepare(general, data))) == pytest.approx(exact, rel=1e-10)
 
 
@@ -240,7 +240,7 @@ def test_the_order_book_gradient_through_the_moving_state_matches_finite_differe
         e[i] = 1e-5
         assert float(g[i]) == pytest.approx((value(u + e) - value(u - e)) / 2e-5, rel=1e-5, abs=1e-6)
     assert bool((torch.linalg.eigvalsh(-h) > 0).all())
-    looped = model._replace(additive=False)  # the event-by-event engine instead of the scan
+    looped = model.general()  # the event-by-event engine instead of the scan
     other = pp.log_likelihood(looped, ft.events.unpack(model, u), ft.events.prepare(looped, data))
     assert float(other) == pytest.approx(value(u), rel=1e-12)
 
@@ -474,7 +474,7 @@ def test_any_number_of_events_per_unit_time():
     theta = {"baseline": [50.0, 40.0], "adjacency": [[0.3, 0.1], [0.2, 0.2]], "decay": 2_000.0}
     theta = {name: torch.tensor(value, dtype=D64) for name, value in theta.items()}
     scanned = pp.log_likelihood(model, theta, ft.events.prepare(model, data))
-    looped = model._replace(kernel=None, step=1e-4)
+    looped = model.general(step=1e-4)
     assert math.isfinite(float(scanned))
     assert float(pp.log_likelihood(looped, theta, ft.events.prepare(looped, data))) == pytest.approx(
         float(scanned), rel=1e-10

@@ -20,9 +20,9 @@ from torch.func import vmap
 
 from .data import D64, EventData, as_events
 from .expsums import linear_scan
-from .likelihood import Carry, Piece, Prepared, chunk, prepare
+from .likelihood import Prepared, flow, prepare
 from .likelihood import log_likelihood as _prepared_log_likelihood
-from .models import EventModel, size
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, size
 
 
 def _theta(params: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -31,13 +31,13 @@ def _theta(params: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _data(model: EventModel, events: Any, end_time: Any, start_time: Any) -> EventData:
-    data = as_events(events, end_time, start_time, model.types)
-    if data.dimension > model.types:
+    data = as_events(events, end_time, start_time, model.type_count)
+    if data.dimension > model.type_count:
         raise ValueError(
-            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.types}: "
+            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.type_count}: "
             "build the model with more types or relabel the events"
         )
-    return data._replace(dimension=model.types)
+    return data._replace(dimension=model.type_count)
 
 
 def log_likelihood(
@@ -71,26 +71,14 @@ def evaluate(
 
 
 def _flow(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
-    """Y (B, d) after ``gap`` (B,) with no events: closed form for a ``decay``, else the likelihood's own
-    integrator (one ``chunk`` of a padding event, which flows the state and does not jump)."""
-    if model.decay is not None:
-        return y * torch.exp(-gap[:, None] * model.decay(theta))
-    if model.drift is None:
+    """Y (B, d) after ``gap`` (B,) with no events: closed form for a decay, else the likelihood's own flow."""
+    decay = getattr(model, "decay", None)
+    if isinstance(model, ExponentialHawkes) or decay is not None:
+        return y * torch.exp(-gap[:, None] * model.decay(theta))  # type: ignore[attr-defined]
+    assert isinstance(model, GeneralModel)
+    if model.drift is None or y.shape[0] == 0:
         return y
-    b = y.shape[0]
-    substeps = max(1, math.ceil(float(gap.max()) / model.step)) if b else 1
-    none = torch.zeros((b, 1), dtype=torch.bool)
-    piece = Piece(
-        gap[:, None],
-        torch.zeros((b, 1), dtype=torch.int64),
-        torch.zeros((b, 1, 0), dtype=D64),
-        none,
-        torch.zeros((b, 1, model.types), dtype=D64),
-        none,
-        (substeps,),
-    )
-    carry, _, _ = chunk(model, theta, Carry((y, y), torch.zeros(b, dtype=D64)), piece)
-    return carry.state[0]
+    return flow(model, theta, y, gap, max(1, math.ceil(float(gap.max()) / model.step)))
 
 
 def _after_events(model: EventModel, theta: Any, data: EventData) -> torch.Tensor:
@@ -98,12 +86,12 @@ def _after_events(model: EventModel, theta: Any, data: EventData) -> torch.Tenso
     r, n = data.times.shape
     gaps = torch.diff(data.times, dim=1, prepend=data.start[:, None])
     jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
-    if model.decay is not None and (model.additive or model.kernel is not None):
-        zeros = torch.zeros((r * n, model.dimension), dtype=D64)
+    if isinstance(model, ExponentialHawkes | AdditiveModel):  # jumps that do not depend on Y: one scan
+        zeros = torch.zeros((r * n, model.state_size), dtype=D64)
         flat = jump(theta, zeros, data.types.reshape(-1), data.marks.reshape(r * n, -1)).reshape(r, n, -1)
         fades = torch.exp(-gaps[..., None] * model.decay(theta))
         return linear_scan(fades, flat * data.mask[..., None].to(D64))
-    y = torch.zeros((r, model.dimension), dtype=D64)
+    y = torch.zeros((r, model.state_size), dtype=D64)
     out = []
     for i in range(n):
         y = _flow(model, theta, y, gaps[:, i])
@@ -140,17 +128,17 @@ def intensity(
     last = torch.searchsorted(data.times, times, right=False) - 1  # the last event strictly before each time
     seen = (last >= 0)[..., None]
     index = last.clamp(min=0)
-    state = torch.where(seen, torch.gather(after, 1, index[..., None].expand(-1, -1, model.dimension)), 0.0)
+    state = torch.where(seen, torch.gather(after, 1, index[..., None].expand(-1, -1, model.state_size)), 0.0)
     since = torch.where(seen[..., 0], torch.gather(data.times, 1, index), data.start[:, None])
-    flat = _flow(model, theta, state.reshape(-1, model.dimension), (times - since).reshape(-1))
+    flat = _flow(model, theta, state.reshape(-1, model.state_size), (times - since).reshape(-1))
     rates = vmap(model.rate, in_dims=(None, 0))(theta, flat)
-    return rates.reshape(r, times.shape[1], model.types)
+    return rates.reshape(r, times.shape[1], model.type_count)
 
 
 def branching(model: EventModel, params: dict[str, Any]) -> torch.Tensor:
     """The branching matrix (K, K) of an exponential-kernel model: entry (i, j) the L1 norm of phi_ij, the mean
     number of type-i events each type-j event triggers directly (tick's adjacency, summed over the decays)."""
-    if model.kernel is None:
+    if not isinstance(model, ExponentialHawkes):
         raise TypeError(
             "branching needs a model with exponential kernels (events.hawkes); this model's excitation is not a "
             "kernel of past events, so it has no L1 norms"

@@ -25,11 +25,17 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.func import grad, hessian, jacfwd, vmap
+from torch.func import grad, jacfwd, vmap
 
 from .data import EventData, as_events
-from .likelihood import Prepared, forward, jet_log_likelihood, kernel_jets, prepare
-from .models import EventModel, pack, unpack
+from .likelihood import (
+    Prepared,
+    forward,
+    jet_derivatives,
+    kernel_jets,
+    prepare,
+)
+from .models import EventModel, ExponentialHawkes, pack, unpack
 from .newton import Newton, projected_newton
 from .online import OnlineState, begin, check, walk
 
@@ -69,10 +75,9 @@ def _objective(model: EventModel, prepared: Prepared, scale: float):
 def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient (p,) and Hessian (p, p) of log L in u, from one pass: for exponential kernels through the
     jets of the sums in the decays (``likelihood.kernel_jets``), else torch.func through the whole pass."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         jets = kernel_jets(model, model.kernel.decays(unpack(model, u)), prepared)
-        local = lambda w: jet_log_likelihood(model, unpack(model, w), jets)
-        return grad(local)(u), hessian(local)(u)
+        return jet_derivatives(model, jets, lambda w: unpack(model, w), u)[1:]
     gradient = grad(_objective(model, prepared, 1.0))
     curvature, first = jacfwd(lambda w: (gradient(w), gradient(w)), has_aux=True)(u)
     return first, curvature
@@ -118,7 +123,7 @@ def _errors(information: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor
 
 def information(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> torch.Tensor:
     """The observed information (p, p) in natural units at ``params``: one gradient and one Hessian pass."""
-    prepared = prepare(model, as_events(events, end_time, types=model.types))
+    prepared = prepare(model, as_events(events, end_time, types=model.type_count))
     u = pack(model, params)
     return natural_information(model, u, *derivatives(model, prepared, u))
 
@@ -293,7 +298,7 @@ def fit(
         raise ValueError(f"fit(method={method!r}) takes the options {list(_OPTIONS[method])}, got {unknown}")
     if start is not None and options.get("state") is not None:
         raise ValueError("give start= (a new online fit) or state= (continue one), not both")
-    data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.types)
+    data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.type_count)
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
     pack(model, theta)  # checked before any work

@@ -4,13 +4,14 @@
 
 An engine walks the events in chunks, carrying the state (``Carry``) from chunk to chunk; each chunk returns
 log lambda_{k_i}(t_i-) (R, b) and the compensator of each type over the interval that ends at each event
-(R, b, K), and ``tail`` the compensator from the last event to the window's end. Two engines:
+(R, b, K), and ``tail`` the compensator from the last event to the window's end. One engine per model kind:
 
-- exponential kernels (``ExponentialKernel``): the state S is the exponential sums, computed for a whole chunk
-  at once (``expsums``); the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
-- any other model: event by event (vectorised over realizations), Y in closed form between events for a
-  ``decay`` (the compensator by 8-point Gauss-Legendre on pieces of at most ``model.step``), else by RK4 steps of
-  at most ``model.step`` on (Y, Lambda).
+- ``ExponentialHawkes``: the state S is the exponential sums, computed for a whole chunk at once (``expsums``);
+  the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
+- ``AdditiveModel``: Y(t_i-) is a linear recursion, scanned over a chunk; each interval's compensator by
+  8-point Gauss-Legendre on pieces of at most ``model.step``, all intervals at once;
+- ``GeneralModel``: event by event (vectorised over realizations), Y in closed form between events for a
+  ``decay`` (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda).
 
 At tied times the intensity is the left limit of the tie: an event does not see the jumps of events at its own time.
 Everything is a pure torch function of theta, so torch.func gives the gradient (forward mode carries dY/dtheta
@@ -20,16 +21,18 @@ along the events) and the observed information.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.func import vmap
 
+from .. import _compat
+from . import recursion
 from .data import D64, EventData, ties
-from .expsums import exponential_sums, linear_scan
-from .models import EventModel
+from .expsums import exponential_sum_jets, exponential_sums, linear_scan
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
 
 _NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
 
@@ -62,20 +65,29 @@ class Prepared(NamedTuple):
 
 
 def prepare(model: EventModel, data: EventData) -> Prepared:
-    """Check that ``data`` fits ``model`` and precompute the ties and integration pieces."""
-    if data.dimension > model.types:
+    """Check that ``data`` fits ``model`` (an ``AdditiveModel``'s jump at its start theta: ``check_additive``)
+    and precompute the ties and integration pieces."""
+    if not isinstance(model, ExponentialHawkes | AdditiveModel | GeneralModel):
+        raise TypeError(f"a model must be an ExponentialHawkes, AdditiveModel or GeneralModel, got {type(model)}")
+    if data.dimension > model.type_count:
         raise ValueError(
-            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has {model.types}: "
-            "build the model with more types or relabel the events"
+            f"the events have {data.dimension} types (0..{data.dimension - 1}) but the model has "
+            f"{model.type_count}: build the model with more types or relabel the events"
         )
-    if data.dimension < model.types:
-        data = data._replace(dimension=model.types)
+    if data.dimension < model.type_count:
+        data = data._replace(dimension=model.type_count)
+    if isinstance(model, AdditiveModel):
+        check_additive(model, model.start(data), data.marks.shape[-1])
     times = data.times
     previous = torch.cat([data.start[:, None], times[:, :-1]], 1)
     gaps = (times - previous).max(0).values
-    step = float(model.step)
-    pieces = tuple(max(1, math.ceil(float(g) / step)) for g in gaps) if model.kernel is None else ()
-    tail = max(1, math.ceil(float((data.end - times[:, -1]).max()) / step))
+    pieces: tuple[int, ...] = ()
+    if isinstance(model, ExponentialHawkes):
+        tail = 1
+    else:
+        step = float(model.step)
+        pieces = tuple(max(1, math.ceil(float(g) / step)) for g in gaps)
+        tail = max(1, math.ceil(float((data.end - times[:, -1]).max()) / step))
     tied = torch.zeros_like(data.mask)
     tied[:, 1:] = times[:, 1:] == times[:, :-1]
     piece = Piece(times, data.types, data.marks, data.mask, ties(data), tied, pieces)
@@ -101,58 +113,59 @@ def pieces(prepared: Prepared, size: int) -> Iterator[Piece]:
 
 def init(model: EventModel, theta: Any, data: EventData) -> Carry:
     """The state at the windows' starts: 0 (Y(start) = 0 for every model)."""
-    y = torch.zeros((data.realizations, model.dimension), dtype=D64)
-    if model.kernel is not None:
+    y = torch.zeros((data.realizations, model.state_size), dtype=D64)
+    if isinstance(model, ExponentialHawkes):
         decays = model.kernel.decays(theta)
-        return Carry((y.reshape(data.realizations, decays.shape[0], model.types) * decays.new_zeros(()),), data.start)
+        shape = (data.realizations, decays.shape[0], model.type_count)
+        return Carry((y.reshape(shape) * decays.new_zeros(()),), data.start)
     return Carry((y, y), data.start)
 
 
 def chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece) -> tuple[Carry, torch.Tensor, torch.Tensor]:
     """(the carry after the chunk, log lambda_{k_i}(t_i-) (R, b) (0 on padding), compensators (R, b, K))."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         return _exponential_chunk(model, theta, carry, piece)
-    if model.additive and model.decay is not None:
+    if isinstance(model, AdditiveModel):
         return _additive_chunk(model, theta, carry, piece)
-    return _sequential_chunk(model, theta, carry, piece)
+    assert isinstance(model, GeneralModel)
+    return _general_chunk(model, theta, carry, piece)
 
 
 def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substeps: int) -> torch.Tensor:
     """The compensator (R, K) from the carry's time to ``end`` (R,), with no events."""
-    if model.kernel is not None:
+    if isinstance(model, ExponentialHawkes):
         kernel = model.kernel
         decays = kernel.decays(theta)
         gap = end - carry.time
         fade = 1 - torch.exp(-gap[:, None] * decays)  # (R, U)
         excess = torch.einsum("iuj,ruj->ri", kernel.weights(theta), carry.state[0] * fade[..., None])
         return kernel.baseline(theta) * gap[:, None] + excess
+    assert isinstance(model, AdditiveModel | GeneralModel)
     _, compensator = _advance(model, theta, carry.state[0], end - carry.time, substeps)
     return compensator
 
 
-def _exponential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
-    assert model.kernel is not None
-    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+def _exponential_chunk(model: ExponentialHawkes, theta: Any, carry: Carry, piece: Piece):
+    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
     sums, last = exponential_sums(model.kernel.decays(theta), piece.times, onehot, carry.time, carry.state[0])
     log_rate, compensator = _exponential_terms(model, theta, piece, carry, sums)
     return Carry((last,), piece.times[:, -1]), log_rate, compensator
 
 
-def _exponential_terms(model: EventModel, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
+def _exponential_terms(model: ExponentialHawkes, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
     """log lambda_{k_i}(t_i-) and the compensators of a chunk from its exponential sums (R, b, U, K)."""
     kernel = model.kernel
-    assert kernel is not None
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
-    onehot = torch.nn.functional.one_hot(piece.types, model.types).to(D64) * piece.mask[..., None]
+    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
     r, b = piece.times.shape
-    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, 1, -1)  # (R, b, 1, U K)
-    coefficients = (weights * decays[:, None]).reshape(model.types, -1)  # (K, U K)
-    intensities = baseline + (strict * coefficients).sum(-1)
+    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, -1)  # (R, b, U K)
+    coefficients = (weights * decays[:, None]).reshape(model.type_count, -1)  # (K, U K)
+    intensities = baseline + strict @ coefficients.T
     chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
     log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
     after = torch.cat([carry.state[0][:, None], (sums + onehot[:, :, None, :])[:, :-1]], 1)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
-    excess = ((after - sums).reshape(r, b, 1, -1) * weights.reshape(model.types, -1)).sum(-1)
+    excess = (after - sums).reshape(r, b, -1) @ weights.reshape(model.type_count, -1).T
     return log_rate, baseline * gaps[..., None] + excess
 
 
@@ -171,112 +184,195 @@ class Jet(NamedTuple):
 
 
 class KernelJets(NamedTuple):
-    """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the strict sums at
-    the real events (N, U, K) and their types (N,), the sums after each realization's last event (R, U, K),
-    the time from that event to the end (R,), the counts of each type (K,) and the total observed time."""
+    """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the features of
+    the real events (N, 1 + 3 U K) = (1, then S, dS/db_u, d^2S/db_u^2 of the strict sums, (u, j, order)
+    flattened), their types one-hot (N, K), the sums after each realization's last event (R, U, K), the time
+    from that event to the end (R,), the counts of each type (K,) and the total observed time."""
 
     decays: torch.Tensor
-    types: torch.Tensor
-    strict: Jet
+    features: torch.Tensor
+    onehot: torch.Tensor
     last: Jet
     remaining: torch.Tensor
     counts: torch.Tensor
     span: torch.Tensor
 
 
-def kernel_jets(model: EventModel, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
+def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
     """The jets of an exponential-kernel model at ``decays`` (see ``KernelJets``): the sums' derivatives in the
-    decays by nested forward mode, the sensitivity dS/dbeta carried along the events chunk to chunk."""
-    ones = torch.ones_like(decays)
+    decays (``expsums.exponential_sum_jets``), carried along the events chunk to chunk."""
     data = prepared.data
-    k = model.types
-    carry = Jet(*(torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)))
+    k = model.type_count
+    carry: tuple[torch.Tensor, ...] = tuple(
+        torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)
+    )
     time = data.start
     strict = []
     for piece in pieces(prepared, size):
         onehot = torch.nn.functional.one_hot(piece.types, k).to(D64) * piece.mask[..., None]
-
-        def sums(b: torch.Tensor, carry: Jet = carry, time: torch.Tensor = time, onehot: torch.Tensor = onehot):
-            return exponential_sums(b, piece.times, onehot, time, carry.at(b - decays))
-
-        def first(b: torch.Tensor):
-            return torch.func.jvp(sums, (b,), (ones,))
-
-        (value, slope), (_, curve) = torch.func.jvp(first, (decays,), (ones,))  # type: ignore[misc]
+        sums, carry = exponential_sum_jets(decays, piece.times, onehot, time, carry)
         earlier = piece.earlier[:, :, None, :]
-        strict.append(Jet((value[0] - earlier)[piece.mask], slope[0][piece.mask], curve[0][piece.mask]))
-        carry, time = Jet(value[1], slope[1], curve[1]), piece.times[:, -1]
-    joined = Jet(*(torch.cat([jet[i] for jet in strict]) for i in range(3)))
+        strict.append(torch.stack([sums[0] - earlier, sums[1], sums[2]], -1)[piece.mask])
+        time = piece.times[:, -1]
+    joined = torch.cat(strict)
+    features = torch.cat([torch.ones((joined.shape[0], 1), dtype=D64), joined.reshape(joined.shape[0], -1)], 1)
     return KernelJets(
-        decays,
-        data.types[data.mask],
-        joined,
-        carry,
-        data.end - time,
-        data.counts().sum(0),
-        (data.end - data.start).sum(),
+        decays=decays,
+        features=features,
+        onehot=torch.nn.functional.one_hot(data.types[data.mask], k).to(D64),
+        last=Jet(*carry),
+        remaining=data.end - time,
+        counts=data.counts().sum(0),
+        span=(data.end - data.start).sum(),
     )
 
 
-def jet_log_likelihood(model: EventModel, theta: Any, jets: KernelJets) -> torch.Tensor:
-    """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
-    Hessian, at a theta whose decays are ``jets.decays``; cheap to differentiate twice. The compensator
-    telescopes: int beta_u S_uj dt over [start, end] = N_j - S_uj(end)."""
+def _jet_table(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the coefficients (K, F) with lambda_i = features_i . table_{k_i}, the compensator (0-d)) at theta, the
+    sums replaced by their jets. The compensator telescopes: int beta_u S_uj dt over [start, end] = N_j -
+    S_uj(end)."""
     kernel = model.kernel
-    assert kernel is not None
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
     shift = decays - jets.decays
-    coefficients = (weights * decays[:, None])[jets.types]  # (N, U, K)
-    intensities = baseline[jets.types] + (coefficients * jets.strict.at(shift)).sum((1, 2))
+    powers = torch.stack([torch.ones_like(shift), shift, shift * shift / 2], -1)  # (U, 3)
+    coefficients = ((weights * decays[:, None])[..., None] * powers[:, None, :]).reshape(model.type_count, -1)
     at_end = (jets.last.at(shift) * torch.exp(-jets.remaining[:, None] * decays)[..., None]).sum(0)  # (U, K)
     compensator = baseline.sum() * jets.span + (weights * (jets.counts - at_end)).sum()
+    return torch.cat([baseline[:, None], coefficients], 1), compensator
+
+
+def jet_log_likelihood(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> torch.Tensor:
+    """log L(theta) with the exponential sums replaced by their jets: equal to log L, with its gradient and
+    Hessian, at a theta whose decays are ``jets.decays``."""
+    table, compensator = _jet_table(model, theta, jets)
+    intensities = ((jets.features @ table.T) * jets.onehot).sum(1)
     return torch.log(intensities).sum() - compensator
+
+
+def jet_derivatives(
+    model: ExponentialHawkes, jets: KernelJets, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log L, its gradient (p,), its Hessian (p, p)) in u at a u whose decays are ``jets.decays``, theta =
+    ``to_theta(u)``. The events enter through Phi(T) = sum_i log(x_i . T_{k_i}) of the table T (K, F), whose
+    derivatives are closed-form, d Phi / d T_k = sum_{k_i = k} x_i / lambda_i and
+    d^2 Phi / d T_k^2 = -sum_{k_i = k} x_i x_i^T / lambda_i^2 (one pass over the events, no tangents); u enters
+    through the small map u -> (T, compensator), differentiated by torch.func (reverse over reverse) on the surrogate
+    Phi(T0) + G . (T - T0) + (T - T0) H (T - T0) / 2 - compensator, equal to log L to second order at u."""
+    table0, _ = _jet_table(model, to_theta(u), jets)
+    intensities = ((jets.features @ table0.T) * jets.onehot).sum(1)
+    inverse = jets.onehot / intensities[:, None]  # (N, K)
+    slope = inverse.T @ jets.features  # (K, F)
+    squares = inverse * inverse
+    curvature = -torch.stack([(jets.features * squares[:, k, None]).T @ jets.features for k in range(model.type_count)])
+
+    def surrogate(w: torch.Tensor) -> torch.Tensor:
+        table, compensator = _jet_table(model, to_theta(w), jets)
+        delta = table - table0
+        return (slope * delta).sum() + 0.5 * torch.einsum("kf,kfg,kg->", delta, curvature, delta) - compensator
+
+    gradient = torch.func.grad(surrogate)(u)
+    hessian = torch.func.jacrev(torch.func.jacrev(surrogate))(u)  # reverse over reverse: the map is small
+    value = torch.log(intensities).sum() - _jet_table(model, to_theta(u), jets)[1]
+    return value, gradient, hessian
 
 
 def _rates(model: EventModel, theta: Any, y: torch.Tensor) -> torch.Tensor:
     """lambda at states y (..., d) -> (..., K)."""
     flat = y.reshape(-1, y.shape[-1])
-    return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.types)
+    return vmap(model.rate, in_dims=(None, 0))(theta, flat).reshape(*y.shape[:-1], model.type_count)
 
 
-def _advance(model: EventModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
-    """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it)."""
-    if model.decay is not None:
-        decay = model.decay(theta)
-        unit = (torch.arange(substeps, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / substeps  # (m Q,)
-        at = gap[:, None] * unit  # (R, m Q)
-        path = y[:, None, :] * torch.exp(-at[..., None] * decay)
-        weights = _WEIGHTS.repeat(substeps) / (2 * substeps)
-        compensator = torch.einsum("rqk,q->rk", _rates(model, theta, path), weights) * gap[:, None]
-        return y * torch.exp(-gap[:, None] * decay), compensator
+def _interval(
+    model: AdditiveModel | GeneralModel,
+    theta: Any,
+    y: torch.Tensor,
+    gap: torch.Tensor,
+    substeps: torch.Tensor,
+    most: int,
+    compensate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(Y after ``gap`` (N,) from y (N, d) with no events, the compensator (N, K) over it, or None if not
+    ``compensate``), each interval on its own ``substeps`` (N,) pieces (at most ``most``): the closed-form decay with
+    8-point Gauss-Legendre on each piece (all pieces of all intervals gathered in one batch, summed back by
+    interval), RK4 steps on (Y, Lambda), or (no flow) Y constant. All intervals at once."""
+    decay = model.decay
+    if decay is not None:
+        rates_of_decay = decay(theta)
+        moved = y * torch.exp(-gap[:, None] * rates_of_decay)
+        if not compensate:
+            return moved, None
+        owner = torch.repeat_interleave(torch.arange(y.shape[0]), substeps)  # each piece's interval (P,)
+        first = torch.cumsum(substeps, 0) - substeps
+        index = (torch.arange(owner.shape[0]) - first[owner]).to(D64)  # each piece's place in its interval
+        count = substeps.to(D64)[owner]
+        unit = (index[:, None] + (_NODES + 1) / 2) / count[:, None]  # (P, Q)
+        at = (gap[owner][:, None] * unit)[..., None]
+        path = y[owner][:, None, :] * torch.exp(-at * rates_of_decay)  # (P, Q, d)
+        weights = _WEIGHTS / (2 * count[:, None])
+        per_piece = (_rates(model, theta, path) * weights[..., None]).sum(1) * gap[owner][:, None]  # (P, K)
+        compensator = per_piece.new_zeros((y.shape[0], per_piece.shape[-1])).index_add(0, owner, per_piece)
+        return moved, compensator
+    assert isinstance(model, GeneralModel)
     if model.drift is None:
-        return y, _rates(model, theta, y) * gap[:, None]
+        return y, (_rates(model, theta, y) * gap[:, None]) if compensate else None
     drift = vmap(model.drift, in_dims=(None, 0))
-    h = (gap / substeps)[:, None]
+    h = (gap / substeps.to(D64))[:, None]
+    compensator = y.new_zeros((y.shape[0], model.type_count))
+    for number in range(most):
+        stages = [y]
+        slopes = [drift(theta, y)]
+        for fraction in (0.5, 0.5, 1.0):
+            stages.append(y + fraction * h * slopes[-1])
+            slopes.append(drift(theta, stages[-1]))
+        active = (number < substeps)[:, None]
+        y = torch.where(active, y + h / 6 * (slopes[0] + 2 * slopes[1] + 2 * slopes[2] + slopes[3]), y)
+        if compensate:
+            r = [_rates(model, theta, stage) for stage in stages]
+            compensator = compensator + torch.where(active, h / 6 * (r[0] + 2 * r[1] + 2 * r[2] + r[3]), 0.0)
+    return y, compensator if compensate else None
 
-    def field(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return drift(theta, state), _rates(model, theta, state)
 
-    compensator = y.new_zeros((y.shape[0], model.types))
-    for _ in range(substeps):
-        k1, r1 = field(y)
-        k2, r2 = field(y + h / 2 * k1)
-        k3, r3 = field(y + h / 2 * k2)
-        k4, r4 = field(y + h * k3)
-        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-        compensator = compensator + h / 6 * (r1 + 2 * r2 + 2 * r3 + r4)
-    return y, compensator
+def flow(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+    """Y (R, d) after ``gap`` (R,) with no events, on ``substeps`` pieces (RK4 steps for a drift)."""
+    moved, _ = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps, False)
+    return moved
 
 
-def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
+def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
+    """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it), on ``substeps`` pieces."""
+    moved, compensator = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps)
+    assert compensator is not None
+    return moved, compensator
+
+
+def _left_limits(before: torch.Tensor, piece: Piece, left0: torch.Tensor) -> torch.Tensor:
+    """Y(t_i-) seen by each event (R, b, d): at a tie, the state before the tie's first event (``left0`` when the
+    tie began in an earlier chunk)."""
+    r, b = piece.times.shape
+    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
+    left = torch.gather(before, 1, group[..., None].expand(r, b, before.shape[-1]))
+    return torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
+
+
+def _log_rates(model: EventModel, theta: Any, left: torch.Tensor, piece: Piece) -> torch.Tensor:
+    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
+    return torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
+
+
+def _substeps(piece: Piece) -> tuple[torch.Tensor, int]:
+    """Each interval's pieces (R, b) and the most of them."""
+    r, b = piece.times.shape
+    return torch.tensor(piece.substeps, dtype=torch.long).expand(r, b), max(piece.substeps, default=1)
+
+
+def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece):
     """Jumps that do not depend on Y and a closed-form decay: Y(t_i-) = exp(-decay dt_i) (Y(t_{i-1}-) + J_{i-1})
-    is a linear recursion, evaluated as a scan over the whole chunk, and each interval's compensator by
-    Gauss-Legendre on as many pieces as the chunk's longest interval needs, all intervals at once."""
+    is a linear recursion, evaluated as a scan over the whole chunk; the compensators by ``_interval``."""
     y0, left0 = carry.state
     r, b = piece.times.shape
-    decay = model.decay(theta)  # type: ignore[misc]
+    decay = model.decay(theta)
     flat = piece.marks.reshape(r * b, -1)
-    zeros = y0.new_zeros((r * b, model.dimension))
+    zeros = y0.new_zeros((r * b, model.state_size))
     jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, zeros, piece.types.reshape(-1), flat)
     jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(D64)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)  # (R, b)
@@ -284,36 +380,52 @@ def _additive_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
     after = torch.cat([y0[:, None], jumps[:, :-1]], 1)  # what each interval starts from, beyond the decayed state
     before = linear_scan(fades, fades * after)  # Y(t_i-), in index order
     starts = torch.cat([y0[:, None], (before + jumps)[:, :-1]], 1)  # Y just after the previous event
-    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
-    left = torch.gather(before, 1, group[..., None].expand(r, b, model.dimension))
-    left = torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
-    rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
-    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
-    pieces_ = max(piece.substeps, default=1)
-    unit = (torch.arange(pieces_, dtype=D64)[:, None] + (_NODES + 1) / 2).reshape(-1) / pieces_  # (M Q,)
-    path = starts[:, :, None, :] * torch.exp(-(gaps[..., None] * unit)[..., None] * decay)  # (R, b, M Q, d)
-    weights = _WEIGHTS.repeat(pieces_) / (2 * pieces_)
-    compensator = (_rates(model, theta, path) * weights[:, None]).sum(2) * gaps[..., None]
+    left = _left_limits(before, piece, left0)
+    substeps, most = _substeps(piece)
+    _, compensator = _interval(model, theta, starts.reshape(r * b, -1), gaps.reshape(-1), substeps.reshape(-1), most)
+    assert compensator is not None
     end = before[:, -1] + jumps[:, -1]
-    return Carry((end, left[:, -1]), piece.times[:, -1]), log_rate, compensator
+    return (
+        Carry((end, left[:, -1]), piece.times[:, -1]),
+        _log_rates(model, theta, left, piece),
+        compensator.reshape(r, b, -1),
+    )
 
 
-def _sequential_chunk(model: EventModel, theta: Any, carry: Carry, piece: Piece):
-    y, left = carry.state
-    time = carry.time
-    jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
-    log_rates, compensators = [], []
-    for i, substeps in enumerate(piece.substeps):
-        moved, compensator = _advance(model, theta, y, piece.times[:, i] - time, substeps)
-        left = torch.where(piece.tied[:, i, None], left, moved)
-        rate = torch.gather(_rates(model, theta, left), 1, piece.types[:, i, None])[:, 0]
-        mask = piece.mask[:, i]
-        log_rates.append(torch.where(mask, torch.log(torch.where(mask, rate, 1.0)), 0.0))
-        compensators.append(compensator)
-        step = jump(theta, moved, piece.types[:, i], piece.marks[:, i])
-        y = moved + mask[:, None].to(D64) * step
-        time = piece.times[:, i]
-    return Carry((y, left), time), torch.stack(log_rates, 1), torch.stack(compensators, 1)
+def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
+    """Any jump and flow: the states after the events, x_i = flow(x_{i-1}) + jump(flow(x_{i-1})), solved for the
+    whole chunk at once by Newton's method (``recursion.solve``: no Python per event); then Y(t_i-), the rates
+    and the compensators of all intervals at once."""
+    y0, left0 = carry.state
+    r, b = piece.times.shape
+    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
+    substeps, most = _substeps(piece)
+    columns = (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(D64))  # (R, b, ...)
+
+    def stepper(parameters: Any, data: tuple) -> Any:
+        def after(previous: torch.Tensor, window: slice) -> torch.Tensor:
+            gap, steps, kinds, marks, mask = (column[:, window] for column in data)
+            rows, m = gap.shape
+            flat = rows * m
+            moved, _ = _interval(
+                model, parameters, previous.reshape(flat, -1), gap.reshape(-1), steps.reshape(-1), most, False
+            )
+            jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(
+                parameters, moved, kinds.reshape(-1), marks.reshape(flat, -1)
+            )
+            return (moved + mask.reshape(flat, 1) * jumps).reshape(rows, m, -1)
+
+        return after
+
+    numbers = {name: _compat.primal(value) for name, value in theta.items()}
+    plain = stepper(numbers, tuple(_compat.primal(c) for c in columns))
+    path, _ = recursion.solve(stepper(theta, columns), y0, b, plain)
+    previous = torch.cat([y0[:, None], path[:, :-1]], 1).reshape(r * b, -1)
+    before, compensator = _interval(model, theta, previous, gaps.reshape(-1), substeps.reshape(-1), most)
+    assert compensator is not None
+    left = _left_limits(before.reshape(r, b, -1), piece, left0)
+    carry = Carry((path[:, -1], left[:, -1]), piece.times[:, -1])
+    return carry, _log_rates(model, theta, left, piece), compensator.reshape(r, b, -1)
 
 
 class Pass(NamedTuple):
@@ -331,8 +443,8 @@ def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 
     carry = init(model, theta, prepared.data)
     log_rates, compensators = [], []
     n = prepared.piece.times.shape[1]
-    scanned = model.kernel is not None or (model.additive and model.decay is not None)
-    for piece in pieces(prepared, (size if model.kernel is not None else size // 8) if scanned else n):
+    length = {ExponentialHawkes: size, AdditiveModel: size // 8, GeneralModel: n}[type(model)]
+    for piece in pieces(prepared, length):
         carry, log_rate, compensator = chunk(model, theta, carry, piece)
         log_rates.append(log_rate)
         compensators.append(compensator)
@@ -342,8 +454,9 @@ def forward(model: EventModel, theta: Any, prepared: Prepared, size: int = 1 << 
     return Pass(total, log_rate, compensator, rest)
 
 
-def log_likelihood(model: EventModel, theta: Any, prepared: Prepared) -> torch.Tensor:
-    """log L(theta), summed over realizations (0-d)."""
+def log_likelihood(model: EventModel, theta: Any, events: Prepared | EventData) -> torch.Tensor:
+    """log L(theta), summed over realizations (0-d), on ``events`` (``EventData``, or ``prepare``'s result)."""
+    prepared = events if isinstance(events, Prepared) else prepare(model, events)
     return forward(model, theta, prepared).log_likelihood
 
 
@@ -355,8 +468,10 @@ __all__ = [
     "Piece",
     "Prepared",
     "chunk",
+    "flow",
     "forward",
     "init",
+    "jet_derivatives",
     "jet_log_likelihood",
     "kernel_jets",
     "log_likelihood",

@@ -1,25 +1,32 @@
-"""Models of K event types driven by a state Y that the events move.
+"""Models of K event types driven by a state Y (d,) that the events move, one class per kind.
 
-Between events dY = drift(theta, Y) dt (``decay``: dY = -decay(theta) * Y, in closed form); at an event of
-type k with mark z, Y(t_i) = Y(t_i-) + jump(theta, Y(t_i-), k, z); the intensities are
-lambda(theta, Y(t-)) (K,). theta is a dict of tensors in natural units; each parameter has a shape and is
-``positive``, ``nonnegative`` or real, and the fits move u (log of the positive ones, the others as they are).
+Between events Y flows, at an event of type k with mark z it jumps, Y(t_i) = Y(t_i-) + jump(theta, Y(t_i-), k, z),
+and the intensities are lambda(theta, Y(t-)) (K,). theta is a dict of tensors in natural units; each parameter has
+a shape and is ``positive``, ``nonnegative`` or real, and the fits move u (log of the positive ones, the others as
+they are; ``pack``/``unpack``).
 
-``hawkes(dimension=K)`` is tick's exponential Hawkes process,
+- ``ExponentialHawkes`` (``hawkes``): tick's exponential Hawkes process,
 
-    lambda_i(t) = mu_i + sum_j alpha_ij beta exp(-beta (t - t_m)) summed over past type-j events t_m,
+      lambda_i(t) = mu_i + sum_j alpha_ij beta exp(-beta (t - t_m)) summed over past type-j events t_m,
 
-with the state S_uj = sum over past type-j events of exp(-beta_u (t - t_m)); ``decay="row"`` gives one beta_i
-per row and ``decays=(b_1, ..., b_U)`` tick's sum-of-exponential kernels phi_ij = sum_u alpha_iju b_u exp(-b_u t)
-with the b_u fixed. Such models carry an ``ExponentialKernel``: the vectorised exact engine.
-``order_book`` is a state-dependent model, lambda = softplus(b + W Y), of a book imbalance Y that decays at rate
-kappa and is moved by signed event sizes. ``intensity_model`` builds a user's model.
+  with the state S_uj = sum over past type-j events of exp(-beta_u (t - t_m)); ``decay="row"`` gives one beta_i
+  per row, ``decays=(b_1, ..., b_U)`` sum-of-exponential kernels phi_ij = sum_u alpha_iju b_u exp(-b_u t) (the
+  b_u fixed, or fitted with ``fit_decays=True``). Its ``ExponentialKernel`` is the vectorised exact engine.
+- ``AdditiveModel``: dY = -decay(theta) Y dt and jumps that do not depend on Y (``order_book``, and
+  ``intensity_model(..., decay=..., additive=True)``): the state is a linear recursion, scanned over the events.
+- ``GeneralModel``: any rate, a jump that may depend on Y, and dY = drift(theta, Y) dt (or a closed-form decay,
+  or none): the event-by-event engine.
+
+K is ``type_count`` (an event's type is a label in 0..K-1) and d is ``state_size``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -45,21 +52,91 @@ class ExponentialKernel(NamedTuple):
     baseline: Callable[[Any], torch.Tensor]
 
 
-class EventModel(NamedTuple):
-    """A model of K event types (see the module's docstring). ``start(data) -> theta`` gives a default start."""
+Rate = Callable[[Any, torch.Tensor], torch.Tensor]
+Jump = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Bound = Callable[[Any, torch.Tensor, float], torch.Tensor]
 
-    types: int
-    dimension: int
-    rate: Callable[[Any, torch.Tensor], torch.Tensor]
-    jump: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+@dataclass(frozen=True, kw_only=True)
+class EventModel:
+    """What every kind has: K = ``type_count`` event types, a state of ``state_size`` d, ``rate(theta, y) -> (K,)``,
+    ``jump(theta, y, k, z) -> (d,)``, the ``parameters``, ``start(data) -> theta`` (a default start) and
+    ``bound(theta, y, horizon) -> (K,)`` (bounds of the intensities over ``horizon``, for ``simulate``; None: a
+    grid along the flow). Build one of the kinds (``ExponentialHawkes``, ``AdditiveModel``, ``GeneralModel``)."""
+
+    type_count: int
+    state_size: int
+    rate: Rate
+    jump: Jump
     parameters: dict[str, Parameter]
     start: Callable[[EventData], dict[str, torch.Tensor]]
+    bound: Bound | None = None
+
+    def __post_init__(self) -> None:
+        if type(self) is EventModel:
+            raise TypeError("EventModel is abstract: build ExponentialHawkes, AdditiveModel or GeneralModel")
+        if self.type_count < 1 or self.state_size < 0:
+            raise ValueError(f"type_count must be >= 1 and state_size >= 0, got {self.type_count}, {self.state_size}")
+
+    @property
+    def types(self) -> int:
+        """K under its 0.5 name (``EventData.types`` holds the labels): use ``type_count``."""
+        warnings.warn("EventModel.types is now EventModel.type_count", DeprecationWarning, stacklevel=2)
+        return self.type_count
+
+    @property
+    def dimension(self) -> int:
+        """d under its 0.5 name (``hawkes(dimension=K)`` counts types): use ``state_size``."""
+        warnings.warn("EventModel.dimension is now EventModel.state_size", DeprecationWarning, stacklevel=2)
+        return self.state_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentialHawkes(EventModel):
+    """Exponential kernels (see the module's docstring): lambda from ``kernel``, the state S (U K,) the exponential
+    sums, decaying at kernel.decays(theta) (U,) and jumping by one at its type's entries."""
+
+    kernel: ExponentialKernel
+
+    def decay(self, theta: Any) -> torch.Tensor:
+        """The state's decay rates (U K,), u major."""
+        return self.kernel.decays(theta).repeat_interleave(self.type_count)
+
+    def general(self, step: float) -> GeneralModel:
+        """The same model for the event-by-event engine (a check of the scan), Gauss-Legendre on pieces of ``step``."""
+        return GeneralModel(**_common(self), decay=self.decay, step=step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdditiveModel(EventModel):
+    """dY = -decay(theta) Y dt, jumps that do not depend on Y: the vectorised engine (a scan over the events),
+    the compensator by Gauss-Legendre on pieces of at most ``step``."""
+
+    decay: Callable[[Any], torch.Tensor]
+    step: float = 0.1
+
+    def general(self, step: float | None = None) -> GeneralModel:
+        """The same model for the event-by-event engine (a check of the scan)."""
+        return GeneralModel(**_common(self), decay=self.decay, step=self.step if step is None else step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneralModel(EventModel):
+    """Any rate and jump; between events Y moves by ``drift(theta, y) -> (d,)`` (RK4 steps of at most ``step``),
+    or by the closed form dY = -decay(theta) Y dt, or (neither) stays constant. The event-by-event engine."""
+
     drift: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
     decay: Callable[[Any], torch.Tensor] | None = None
-    kernel: ExponentialKernel | None = None
     step: float = 0.1
-    bound: Callable[[Any, torch.Tensor, float], torch.Tensor] | None = None
-    additive: bool = False  # jump(theta, y, k, z) does not depend on y (with a decay: a vectorised engine)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.drift is not None and self.decay is not None:
+            raise ValueError("give drift= or decay=, not both (decay is the closed-form flow dY = -decay * Y)")
+
+
+def _common(model: EventModel) -> dict[str, Any]:
+    return {field.name: getattr(model, field.name) for field in dataclasses.fields(EventModel)}
 
 
 def pack(model: EventModel, theta: dict[str, Any]) -> torch.Tensor:
@@ -97,7 +174,7 @@ def size(model: EventModel) -> int:
     return sum(math.prod(spec.shape) for spec in model.parameters.values())
 
 
-def _hawkes_start(k: int, u: int, per_decay: Sequence[float] | None, row: bool):
+def _hawkes_start(k: int, u: int, per_decay: torch.Tensor | None, row: bool, fitted: bool):
     def start(data: EventData) -> dict[str, torch.Tensor]:
         span = float((data.end - data.start).sum())
         rates = data.counts().sum(0) / span
@@ -108,15 +185,22 @@ def _hawkes_start(k: int, u: int, per_decay: Sequence[float] | None, row: bool):
             theta["decay"] = torch.full((k,) if row else (), scale, dtype=D64)
         else:
             theta["adjacency"] = torch.full((k, k, u), 0.4 / (k * u), dtype=D64)
+            if fitted:
+                theta["decays"] = per_decay.clone()
         return theta
 
     return start
 
 
-def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | None = None) -> EventModel:
+def hawkes(
+    dimension: int = 1, decay: str = "shared", decays: Sequence[float] | None = None, fit_decays: bool = False
+) -> ExponentialHawkes:
     """tick's K-dimensional exponential Hawkes process, theta = {"baseline" (K,), "adjacency" (K, K),
-    "decay" () or (K,) for ``decay="row"``}; with ``decays`` fixed, sum-of-exponential kernels with
-    "adjacency" (K, K, U). Stationary when the spectral radius of sum_u adjacency[..., u] is < 1."""
+    "decay" () or (K,) for ``decay="row"``}; with ``decays`` (U,), sum-of-exponential kernels with
+    "adjacency" (K, K, U), the decays fixed (tick's), or with ``fit_decays=True`` fitted as theta["decays"] (U,)
+    from the given values (a pass costs about U times one decay's: the sums of each decay and their first two
+    derivatives in it). Stationary when the spectral radius of sum_u adjacency[..., u] is < 1. ``dimension`` is
+    K, the number of event types (tick's word); the model's state has U K entries."""
     k = int(dimension)
     if k < 1:
         raise ValueError(f"hawkes(dimension=...) must be >= 1, got {dimension}")
@@ -128,9 +212,15 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
             raise ValueError(f"hawkes(decays=...) must be positive numbers, got {list(decays)}")
         u = fixed.numel()
         parameters = {"baseline": Parameter((k,), True), "adjacency": Parameter((k, k, u), nonnegative=True)}
+        if fit_decays:
+            parameters["decays"] = Parameter((u,), True)
         kernel = ExponentialKernel(
-            lambda theta: fixed, lambda theta: theta["adjacency"].permute(0, 2, 1), lambda theta: theta["baseline"]
+            (lambda theta: theta["decays"]) if fit_decays else (lambda theta: fixed),
+            lambda theta: theta["adjacency"].permute(0, 2, 1),
+            lambda theta: theta["baseline"],
         )
+    elif fit_decays:
+        raise ValueError("hawkes(fit_decays=True) needs the starting decays: hawkes(decays=(b_1, ..., b_U), ...)")
     elif decay == "row":
         u = k
         parameters = {
@@ -156,16 +246,15 @@ def hawkes(dimension: int = 1, decay: str = "shared", decays: Sequence[float] | 
             lambda theta: theta["adjacency"][:, None, :],
             lambda theta: theta["baseline"],
         )
-    return EventModel(
-        types=k,
-        dimension=u * k,
+    return ExponentialHawkes(
+        type_count=k,
+        state_size=u * k,
         rate=lambda theta, y: kernel_rate(kernel, theta, y),
         jump=lambda theta, y, kind, z: torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u),
         parameters=parameters,
-        start=_hawkes_start(k, u, decays, decay == "row"),
-        decay=lambda theta: kernel.decays(theta).repeat_interleave(k),
-        kernel=kernel,
+        start=_hawkes_start(k, u, None if decays is None else fixed, decay == "row", fit_decays),
         bound=lambda theta, y, horizon: kernel_rate(kernel, theta, y),
+        kernel=kernel,
     )
 
 
@@ -177,36 +266,51 @@ def kernel_rate(kernel: ExponentialKernel, theta: Any, y: torch.Tensor) -> torch
 
 
 def intensity_model(
-    rate: Callable[[Any, torch.Tensor], torch.Tensor],
+    rate: Rate,
     *,
     parameters: dict[str, Any],
-    types: int = 1,
-    dimension: int = 1,
+    type_count: int = 1,
+    state_size: int = 1,
     drift: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
     decay: Callable[[Any], torch.Tensor] | None = None,
-    jump: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    jump: Jump | None = None,
     start: dict[str, Any] | Callable[[EventData], dict[str, Any]] | None = None,
     step: float = 0.1,
-    bound: Callable[[Any, torch.Tensor, float], torch.Tensor] | None = None,
+    bound: Bound | None = None,
     additive: bool = False,
-) -> EventModel:
-    """A user's model: ``rate(theta, y) -> (K,)`` for y (d,) (``dimension`` d, ``types`` K), the flow between
+    **renamed: Any,
+) -> AdditiveModel | GeneralModel:
+    """A user's model: ``rate(theta, y) -> (K,)`` for y (d,) (``state_size`` d, ``type_count`` K), the flow between
     events by ``decay(theta) -> (d,)`` (closed form) or ``drift(theta, y) -> (d,)`` (RK4 steps of at most
     ``step``; None and no decay: Y constant), ``jump(theta, y, k, z) -> (d,)`` (k a 0-d int tensor, z the mark
     (q,); None: no jumps). ``parameters`` maps names to ``Parameter(shape, positive)`` (or a shape tuple:
     real). ``start``: a default theta. ``bound(theta, y, horizon) -> (K,)``: bounds of the intensities over
-    ``horizon`` (for ``simulate``). ``additive=True`` declares that ``jump`` does not depend on y: with a ``decay``,
-    the likelihood is then vectorised over the events (a scan) instead of a loop."""
+    ``horizon`` (for ``simulate``). ``additive=True`` declares that ``jump`` does not depend on y: the model is
+    then an ``AdditiveModel`` (the likelihood a scan over the events; checked at the start theta before any work),
+    else a ``GeneralModel`` (event by event)."""
+    for old, new in (("types", "type_count"), ("dimension", "state_size")):
+        if old in renamed:
+            warnings.warn(f"intensity_model({old}=...) is now {new}=...", DeprecationWarning, stacklevel=2)
+            if new == "type_count":
+                type_count = renamed.pop(old)
+            else:
+                state_size = renamed.pop(old)
+    if renamed:
+        raise TypeError(f"intensity_model() got unknown options {sorted(renamed)}")
     if not callable(rate):
         raise TypeError(f"intensity_model(rate=...) must be a function (theta, y) -> (K,), got {type(rate).__name__}")
     if drift is not None and decay is not None:
         raise ValueError("give drift= or decay=, not both (decay is the closed-form flow dY = -decay * Y)")
+    if additive and drift is not None:
+        raise ValueError(
+            "additive=True needs the closed-form flow decay= (or no flow), not drift=: the scan over the events "
+            "solves the linear recursion of a decaying state; with a drift, drop additive=True"
+        )
     specs = {
         name: spec if isinstance(spec, Parameter) else Parameter(tuple(spec), False)
         for name, spec in parameters.items()
     }
-    d = int(dimension)
-    no_jump = lambda theta, y, kind, z: torch.zeros_like(y)
+    d = int(state_size)
 
     def default_start(data: EventData) -> dict[str, torch.Tensor]:
         if start is None:
@@ -217,12 +321,46 @@ def intensity_model(
         given = start(data) if callable(start) else start
         return {name: torch.as_tensor(value, dtype=D64) for name, value in given.items()}
 
-    return EventModel(
-        int(types), d, rate, no_jump if jump is None else jump, specs, default_start, drift, decay, None, step, bound
-    )
+    common: dict[str, Any] = {
+        "type_count": int(type_count),
+        "state_size": d,
+        "rate": rate,
+        "jump": _no_jump if jump is None else jump,
+        "parameters": specs,
+        "start": default_start,
+        "bound": bound,
+    }
+    if additive:
+        return AdditiveModel(**common, decay=_no_decay(d) if decay is None else decay, step=step)
+    return GeneralModel(**common, drift=drift, decay=decay, step=step)
 
 
-def order_book(hidden: int = 0, sizes: bool = True) -> EventModel:
+def _no_jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(y)
+
+
+def _no_decay(d: int) -> Callable[[Any], torch.Tensor]:
+    return lambda theta: torch.zeros(d, dtype=D64)
+
+
+def check_additive(model: AdditiveModel, theta: Any, marks: int) -> None:
+    """Refuse a jump declared additive that depends on y: jump(theta, y, k, 0) at y = 0 and at y = (0.37, 0.74, ..)
+    for every type k must agree."""
+    z = torch.zeros(marks, dtype=D64)
+    here = torch.zeros(model.state_size, dtype=D64)
+    there = 0.37 * torch.arange(1, model.state_size + 1, dtype=D64)
+    for k in range(model.type_count):
+        kind = torch.tensor(k)
+        a, b = model.jump(theta, here, kind, z), model.jump(theta, there, kind, z)
+        if a.shape != b.shape or not bool(torch.allclose(a, b, rtol=1e-12, atol=1e-12)):
+            raise ValueError(
+                f"the model declares additive=True (jump(theta, y, k, z) does not depend on y), but at k = {k} "
+                f"the jump is {a.tolist()} at y = {here.tolist()} and {b.tolist()} at y = {there.tolist()}: "
+                "drop additive=True (the event-by-event engine takes any jump)"
+            )
+
+
+def order_book(hidden: int = 0, sizes: bool = True) -> AdditiveModel:
     """Two types (0 buy, 1 sell) driven by a book imbalance Y (1,): dY = -kappa Y dt, Y jumps by +z at a buy and
     -z at a sell (z the mark: the size; ``sizes=False``: 1), lambda = softplus(network(theta, Y)) with
     network = b + W Y (``hidden`` = 0) or b + W2 tanh(W1 Y + c) (a hidden layer). theta: "baseline" b (2,),
@@ -257,9 +395,9 @@ def order_book(hidden: int = 0, sizes: bool = True) -> EventModel:
         now = theta["weights"] @ y
         return torch.nn.functional.softplus(theta["baseline"] + now.clamp(min=0))
 
-    return EventModel(
-        types=2,
-        dimension=1,
+    return AdditiveModel(
+        type_count=2,
+        state_size=1,
         rate=lambda theta, y: torch.nn.functional.softplus(network(theta, y)),
         jump=jump,
         parameters=parameters,
@@ -267,14 +405,17 @@ def order_book(hidden: int = 0, sizes: bool = True) -> EventModel:
         decay=lambda theta: theta["kappa"].reshape(1),
         step=1.0,  # 8 Gauss-Legendre nodes per unit of time: the flow is a smooth exponential
         bound=bound,
-        additive=True,
     )
 
 
 __all__ = [
+    "AdditiveModel",
     "EventModel",
+    "ExponentialHawkes",
     "ExponentialKernel",
+    "GeneralModel",
     "Parameter",
+    "check_additive",
     "hawkes",
     "intensity_model",
     "kernel_rate",

@@ -48,7 +48,7 @@ import torch
 from torch.func import jvp, vmap
 
 from .likelihood import Carry, Piece, Prepared, chunk, init
-from .models import EventModel, pack, unpack
+from .models import AdditiveModel, EventModel, GeneralModel, pack, unpack
 from .newton import project, projected_newton
 
 
@@ -172,6 +172,7 @@ def _joined(model: EventModel, state: OnlineState, prepared: Prepared) -> Piece:
     last event before it (not from the new window's start)."""
     new = prepared.piece
     if new.substeps:
+        assert isinstance(model, AdditiveModel | GeneralModel)  # only their intervals are cut into pieces
         time, _ = _last(state)
         gap = float((new.times[:, 0] - time).max())
         new = new._replace(substeps=(max(1, math.ceil(gap / float(model.step))), *new.substeps[1:]))

@@ -49,14 +49,14 @@ def ks_exponential(values: np.ndarray) -> tuple[float, float]:
 
 def goodness(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> Goodness:
     """The time-rescaling residuals of ``events`` under ``model`` at ``params`` (natural units)."""
-    prepared = prepare(model, as_events(events, end_time, types=model.types))
+    prepared = prepare(model, as_events(events, end_time, types=model.type_count))
     theta = {name: torch.as_tensor(value, dtype=torch.float64) for name, value in params.items()}
     with torch.no_grad():
         run = forward(model, theta, prepared)
     data = prepared.data
     cumulative = torch.cumsum(run.compensators, 1)  # (R, n, K): Lambda_k at each event
     residuals, tied = [], []
-    for k in range(model.types):
+    for k in range(model.type_count):
         pieces, count = [], 0
         for r in range(data.realizations):
             mine = (data.types[r] == k) & data.mask[r]

@@ -59,8 +59,8 @@ def write_lobster(
         raise ValueError(f"walk must be in (0, 1] (the chance a market order stops after a fill), got {walk}")
     model = hawkes(dimension=2, decays=DECAYS) if model is None else model
     truth = dict(MARKET_ORDERS if truth is None else truth)
-    if model.types != 2:
-        raise ValueError(f"write_lobster needs a model of 2 types (sell and buy market orders), got {model.types}")
+    if model.type_count != 2:
+        raise ValueError(f"write_lobster needs a model of 2 types (sell and buy market orders), got {model.type_count}")
     rng = np.random.default_rng(seed)
     data = simulate(model, truth, duration, seed=seed)
     mask = data.mask[0].numpy()

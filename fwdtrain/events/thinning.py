@@ -18,25 +18,19 @@ import numpy as np
 import torch
 
 from .data import D64, EventData, from_tick
-from .models import EventModel
+from .likelihood import flow
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
 
 
 def _flow(model: EventModel, theta: Any, y: torch.Tensor, span: float) -> torch.Tensor:
+    """Y after ``span`` with no events: the likelihood's own flow (``likelihood.flow``), for one state."""
     if span <= 0:
         return y
-    if model.decay is not None:
+    if isinstance(model, ExponentialHawkes):
         return y * torch.exp(-model.decay(theta) * span)
-    if model.drift is None:
-        return y
+    assert isinstance(model, AdditiveModel | GeneralModel)
     steps = max(1, int(np.ceil(span / model.step)))
-    h = span / steps
-    for _ in range(steps):
-        k1 = model.drift(theta, y)
-        k2 = model.drift(theta, y + h / 2 * k1)
-        k3 = model.drift(theta, y + h / 2 * k2)
-        k4 = model.drift(theta, y + h * k3)
-        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return y
+    return flow(model, theta, y[None], torch.full((1,), span, dtype=D64), steps)[0]
 
 
 def _bound(model: EventModel, theta: Any, y: torch.Tensor, window: float) -> torch.Tensor:
@@ -59,7 +53,7 @@ def _path(
     window: float,
     limit: int,
 ):
-    y, t = torch.zeros(model.dimension, dtype=D64), start
+    y, t = torch.zeros(model.state_size, dtype=D64), start
     times, kinds, values = [], [], []
     while t < end:
         span = min(window, end - t)
@@ -78,7 +72,7 @@ def _path(
             )
         if rng.uniform() * bound >= total:
             continue
-        kind = int(rng.choice(model.types, p=(rates / rates.sum()).numpy()))
+        kind = int(rng.choice(model.type_count, p=(rates / rates.sum()).numpy()))
         mark = torch.as_tensor(np.asarray(marks(rng, kind) if marks is not None else [], dtype=np.float64))
         y = y + model.jump(theta, y, torch.tensor(kind), mark)
         times.append(t)
@@ -106,13 +100,18 @@ def simulate(
     if not (np.isfinite(end_time) and end_time > 0):
         raise ValueError(f"end_time must be a positive number, got {end_time!r}")
     theta = {name: torch.as_tensor(value, dtype=D64) for name, value in theta.items()}
+    if isinstance(model, AdditiveModel):
+        width = np.asarray(marks(np.random.default_rng(seed), 0) if marks is not None else []).size
+        check_additive(model, theta, width)
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         paths = [
             _path(model, theta, 0.0, float(end_time), rng, marks, float(window), max_events)
             for _ in range(realizations)
         ]
-    data = from_tick([[times[kinds == k] for k in range(model.types)] for times, kinds, _ in paths], end_time=end_time)
+    data = from_tick(
+        [[times[kinds == k] for k in range(model.type_count)] for times, kinds, _ in paths], end_time=end_time
+    )
     q = max((len(v[0]) for _, _, v in paths if v), default=0)
     if q == 0:
         return data
