@@ -13,7 +13,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli
-from fwdtrain.compile import cache
+from fwdtrain.compile import cache, kernels
 
 HOUR = 3600.0
 
@@ -215,10 +215,11 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
     """Through ``function_kernel`` with the compile stubbed (what is tested is the cache, not inductor): with a
     cap of one package, a second kernel written removes the first; loading it again from disk marks it used."""
 
-    def fake_compile(module, example, path, options):
-        Path(path).write_bytes(b"compiled" * 100)
-
-    monkeypatch.setattr(ft._compat, "aot_compile", fake_compile)
+    compiled = (  # the compile's process, writing a stand-in package and pruning as the worker does
+        "import os, sys; open(sys.argv[2], 'wb').write(b'compiled' * 100); os.unlink(sys.argv[1]); "
+        "from fwdtrain.compile import cache; cache.prune(keep=sys.argv[2])"
+    )
+    monkeypatch.setattr(kernels, "WORKER", ("-c", compiled))
     monkeypatch.setattr(ft._compat, "aot_load", lambda path, device: lambda flat: [flat[0] * 2])
     monkeypatch.setenv(cache.LIMIT_ENV, "1000")
     x = torch.arange(3.0, dtype=torch.float64)

@@ -2,7 +2,8 @@
 
 ``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fwdtrain``, ``~/.cache/fwdtrain``) holds
 ``kernels/<key>.pt2`` (AOTInductor packages; the key hashes everything the compiled code depends on,
-``kernel_key``), ``inductor/`` (inductor's own caches) and ``routes/`` (``fwdtrain.compile.route``'s markers).
+``kernel_key``; a run looks for its package by that key and nothing else), ``kernels/<key>.job`` and ``.log``
+while a compile of it runs (``kernels._Package.start``), and ``inductor/`` (inductor's own caches).
 A package is written to a temporary file and renamed, so a crash never leaves half a kernel. The packages are
 capped (``limit_bytes``): a load marks its package used (``touch``), and after each package written ``prune``
 removes the least recently used others until the total is within the cap, and the build folders AOTInductor
@@ -200,7 +201,8 @@ class Pruned(NamedTuple):
 
 def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> Pruned:
     """Remove the least recently used packages of ``cache_dir() / "kernels"`` until their total is at most
-    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*`` files older than ``STALE_SECONDS``,
+    ``limit`` bytes (None: no cap), never ``keep``; also ``.tmp-*``, ``*.job`` and ``*.log`` files older than
+    ``STALE_SECONDS``,
     ``*.rejected`` packages and AOTInductor's stale build folders (``_prune_build_folders``; their bytes count in
     ``freed``). One scan of the folder; a file that another process removed first is skipped."""
     folder = cache_dir() / "kernels"
@@ -215,7 +217,7 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
     for entry in entries:
         try:
             stat = entry.stat(follow_symlinks=False)
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith(".tmp-") or entry.name.endswith((".job", ".log")):  # a compile's, or a crash's
                 if now - stat.st_mtime > STALE_SECONDS:
                     freed += _unlink(entry.path, stat.st_size)
             elif entry.name.endswith(".rejected"):
@@ -308,7 +310,7 @@ def usage() -> Usage:
 
 
 def clear() -> Usage:
-    """Empty ``kernels/``, ``inductor/`` and ``routes/`` (the packages, inductor's caches, the route markers); what
+    """Empty ``kernels/`` and ``inductor/`` (the packages, inductor's caches; ``routes/``, 0.5's markers, too); what
     went, as ``usage()`` before less after (a file that cannot be removed stays and is not counted). Not while a
     process of this cache is compiling: its compile would fail."""
     before = usage()

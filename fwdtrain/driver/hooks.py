@@ -62,7 +62,7 @@ class RunView(Protocol):
 
     @property
     def route(self) -> Any:
-        """How the steps are computed and why (``fwdtrain.compile.route.Route``); None until chosen."""
+        """ "compiled" or "eager": how the next block runs."""
 
 
 class Hook:
@@ -175,11 +175,11 @@ class Progress(Hook):
     def __init__(self, every: int = 256, enabled: bool | None = True) -> None:
         self.every = _checks.check_count(every, "Progress(every=...)")
         self.enabled = enabled
-        self.shown, self.told = False, False  # the bar is open; the route's line is written
+        self.shown = False  # the bar is open
         self.bar: Any = None  # a tqdm bar, or None for the carriage-return line
 
     def start(self, loop: RunView) -> None:
-        self.shown, self.told = progress_enabled(self.enabled) and loop.end > loop.carry.n, False
+        self.shown = progress_enabled(self.enabled) and loop.end > loop.carry.n
         if not self.shown:
             return
         self.first, self.total, self.last, self.clock = (
@@ -198,13 +198,6 @@ class Progress(Hook):
     def at(self, loop: RunView) -> None:
         if not self.shown:
             return
-        if not self.told and loop.route is not None:  # one line: the route the run takes, and why
-            self.told = True
-            line = f"fwdtrain: steps {loop.route}"
-            if self.bar is None:
-                sys.stderr.write(f"{line}\n")
-            else:
-                self.bar.write(line, file=sys.stderr)
         n, cost = loop.carry.n, float(loop.running_cost())
         if self.bar is None:
             rate = (n - self.first) / max(time.perf_counter() - self.clock, 1e-9)
