@@ -257,3 +257,28 @@ def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
     assert cache.usage().packages == 1
     assert not list((cache.cache_dir() / "inductor").glob("*/*.wrapper.cpp"))  # no compile's build folder left
     cache.forget_kernels()
+
+
+def test_the_cache_module_holds_the_only_module_global_state():
+    """A module-level container that is not a constant table (those are named in capitals) lives in ``cache``."""
+    import ast
+
+    containers = {"dict", "set", "list", "WeakKeyDictionary", "WeakValueDictionary", "Counter", "OrderedDict"}
+    found = []
+    for path in sorted((Path(ft.__file__).parent).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if not isinstance(target, ast.Name) or value is None or target.id.isupper() or target.id == "__all__":
+                continue
+            call = value.func if isinstance(value, ast.Call) else None
+            if isinstance(value, (ast.Dict, ast.Set, ast.List)) or getattr(call, "attr", getattr(call, "id", None)) in (
+                containers
+            ):
+                found.append(f"{path.relative_to(Path(ft.__file__).parent)}:{target.id}")
+    assert sorted(found) == [
+        "compile/cache.py:_checked",
+        "compile/cache.py:_events",
+        "compile/cache.py:_kernels",
+        "compile/cache.py:_prepared",
+    ], found

@@ -44,6 +44,7 @@ KERNELS_KEPT = 64  # compiled kernels a process keeps (least recently used first
 # per process), and the count of compile events (tests count these, never seconds).
 _kernels: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _prepared: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[Any, set[Hashable]] = weakref.WeakKeyDictionary()
 _events = collections.Counter(
     {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
 )
@@ -65,6 +66,12 @@ def prepared_steps(problem: Any) -> dict[Hashable, Any]:
     """The prepared steps (``fwdtrain.jit_step``) of ``problem`` in this process, by options: kept as long as the
     problem lives."""
     return _prepared.setdefault(problem, {})
+
+
+def checked(problem: Any) -> set[Hashable]:
+    """What was checked once of ``problem`` in this process (its fit to a state's shapes, a solver's value check):
+    kept as long as the problem lives."""
+    return _checked.setdefault(problem, set())
 
 
 def forget_kernels() -> None:

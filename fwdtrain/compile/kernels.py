@@ -198,13 +198,7 @@ class _Package:
     def start(self, where: str) -> None:
         """Start the compile in another process, unless this one or another process of this cache compiles it
         already (its job file, younger than ``cache.STALE_SECONDS``); one line says so (``say``)."""
-        if self.child is not None or self.run is not None:
-            return
-        try:
-            fresh = time.time() - self.job.stat().st_mtime < cache.STALE_SECONDS
-        except OSError:
-            fresh = False
-        if fresh:
+        if self.child is not None or self.run is not None or self._elsewhere():
             return
         say(f"compiling the step's kernel {where} (AOTInductor, about 30 to 60 s on a first compile)")
         temporary = cache.writable_temporary(self.job)
@@ -224,13 +218,24 @@ class _Package:
             )
         cache.count(compiles=1)
 
+    def _elsewhere(self) -> bool:
+        """Whether another process compiles this package: its job file, younger than ``cache.STALE_SECONDS``."""
+        try:
+            return self.child is None and time.time() - self.job.stat().st_mtime < cache.STALE_SECONDS
+        except OSError:
+            return False
+
     def poll(self, wait: bool = False) -> str | None:
         """Where the compile stands: "" while it runs, None once the package is loaded, else why it failed (the
         worker's last line). ``wait``: until it ends."""
         if self.load():
             return None
-        if self.child is None:
-            return "" if self.job.is_file() else "the compile stopped without a package"
+        if self.child is None:  # another process's compile (``start``): its job file goes when it ends
+            while wait and self._elsewhere():
+                time.sleep(0.5)
+            if self._elsewhere():
+                return ""
+            return None if self.load() else "another process's compile of it left no package"
         if (self.child.wait() if wait else self.child.poll()) is None:
             return ""
         code, self.child, log = self.child.returncode, None, self.job.with_suffix(".log")
