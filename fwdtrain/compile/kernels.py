@@ -200,7 +200,7 @@ class _Package:
         already (its job file, younger than ``cache.STALE_SECONDS``); one line says so (``say``)."""
         if self.child is not None or self.run is not None or self._elsewhere():
             return
-        say(f"compiling the step's kernel {where} (AOTInductor, about 30 to 60 s on a first compile)")
+        say(f"compiling the step's kernel {where} (AOTInductor: about 30 to 60 s on a first compile)")
         temporary = cache.writable_temporary(self.job)
         torch.save((self.module, self.example, self.options), temporary)
         os.replace(temporary, self.job)
@@ -211,6 +211,7 @@ class _Package:
             self.child = subprocess.Popen(  # detached: a run that ends first leaves it to finish for the next launch
                 [sys.executable, *WORKER, str(self.job), str(self.path)],
                 env={**os.environ, "PYTHONPATH": path},
+                cwd=self.path.parent,  # not the user's folder, whose modules would shadow the standard library's
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -239,6 +240,7 @@ class _Package:
         if (self.child.wait() if wait else self.child.poll()) is None:
             return ""
         code, self.child, log = self.child.returncode, None, self.job.with_suffix(".log")
+        self.job.unlink(missing_ok=True)  # a worker that failed before it could remove it
         try:
             lines = log.read_text().strip().splitlines()
             log.unlink()

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
     job, package = Path(argv[0]), Path(argv[1])
     try:
         compile_job(job, package)
+        package.with_suffix(".log").unlink(missing_ok=True)  # its messages: read only where it fails
         return 0
     except BaseException as error:
         from .kernels import root_cause

@@ -17,8 +17,9 @@ block's clocks t_k (``clocks``: rounded as the step's own t + dt), checked befor
 stops before the first step whose state's rate is not a finite number >= 0); so one kernel serves every
 learning rate and schedule.
 
-The same function runs eagerly (``graphs.run_block``) or compiled into one kernel
-(``kernels.block_kernel``): the route changes the speed, never what is computed (to rounding). A gradient
+The same function runs eagerly (``graphs.run_block``) or compiled into one kernel (``kernels.block_kernel``;
+``Block.compiled`` says which, and the loop sets it when the kernel is ready): compiling changes the speed,
+never what is computed (to rounding). A gradient
 hook (a collective between the two halves of a step) makes the step ``propagate``, the hook, ``update``,
 each half compiled on its own where the run compiles; its block runs eagerly between them.
 """
@@ -169,34 +170,35 @@ class Block:
             return tuple(optree.tree_leaves(seen))  # type: ignore[arg-type]
 
         self.body, self.check, self.observe, self.spec = flat_body(tree_body), check, observe, spec
-        self.template_state = state
         seen, self.seen_spec = optree.tree_flatten(_observed(s.problem, template, record))  # type: ignore[arg-type,var-annotated]
         self.seen = graphs.Packing.of(tuple(seen))
         self.capacity = chunk // every + 2
         self.kernel: Kernel | None = None
-        self._kernel_args = (carry_leaves, members, bound, record, tree_body, flat_body)
 
-    def build_kernel(self) -> Kernel:
-        """The block's kernel (``kernels.block_kernel``: traced, its package looked up on disk, not yet compiled);
-        the block steps through it once ``compiled`` is set. Not for a step with a gradient hook."""
-        s, state = self.stepping, self.template_state
-        carry_leaves, members, bound, record, tree_body, flat_body = self._kernel_args
-        if self.kernel is None:
+        def kernel() -> Kernel:
             alive = torch.ones(state.t.shape if members else (), dtype=torch.bool, device=state.x.device)
-            dw = torch.zeros((self.chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
+            dw = torch.zeros((chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
             blocks = self._blocks(dw, 0, 0, rates(s.schedule, state.t, s.dt, 0))
-            grids = [torch.tensor(v, dtype=torch.int64) for v in (self.chunk, 0, 0, self.every, self.check_every)]
-            self.kernel = block_kernel(
+            grids = [torch.tensor(v, dtype=torch.int64) for v in (chunk, 0, 0, every, check_every)]
+            return block_kernel(
                 self.body,
-                self.check,
-                self.observe,
+                check,
+                observe,
                 self.capacity,
                 (*grids, alive, blocks, tuple(carry_leaves)),
-                key=(s.problem, s.plan, s.dt, bound, _by_value(record), members, self.every),
-                options=self.options,
+                key=(s.problem, s.plan, s.dt, bound, _by_value(record), members, every),
+                options=options,
                 part=tree_body,
                 wrap=flat_body,
             )
+
+        self._kernel = kernel
+
+    def build_kernel(self) -> Kernel:
+        """The block's kernel (``kernels.block_kernel``: traced, its package not yet loaded or compiled), built once;
+        the block steps through it once ``compiled`` is set. Not for a step with a gradient hook."""
+        if self.kernel is None:
+            self.kernel = self._kernel()
         return self.kernel
 
     def _advance(self, options: Compile | None, template: tuple) -> Callable[..., tuple[State, StepInfo]]:

@@ -4,7 +4,6 @@ A hook subclasses ``Hook`` and overrides what it needs; the loop calls, in this 
 
     start(loop)               before the first step (probe a path, open a bar); may raise, nothing stepped yet
     reduce(gradient)          between the two halves of every step (``reduces_gradient = True``)
-    agree(choice) -> choice   once, when ``compile="auto"`` has chosen eager or compiled (a group agrees here)
     checked(loop, ok) -> ok   at the Checks(every) grid, on the checked state (a group agrees on its ranks' checks)
     record(values) -> values  on every record before it is kept (a group averages its costs here)
     at(loop)                  at every multiple of ``every`` steps (a block ends there), after its records
@@ -78,11 +77,6 @@ class Hook:
     def reduce(self, gradient: Any) -> Any:
         """The gradient used for the update (called only when ``reduces_gradient``)."""
         return gradient
-
-    def agree(self, choice: bool) -> bool:
-        """A choice every process of a run must share (``compile="auto"``'s), returned as it is or agreed
-        (a group: rank 0's, on every rank)."""
-        return choice
 
     def checked(self, loop: RunView, ok: torch.Tensor) -> torch.Tensor:
         """After a divergence check of ``loop.carry.state``: ``ok`` the flags (0-d, or (E,) per member) that the

@@ -162,7 +162,7 @@ class Loop:
             if kernel.package is None:
                 self._stay_eager(f"the step could not be traced ({kernel.failure})")
                 return
-            kernel.package.start("in the background (the run steps eagerly meanwhile)")
+            kernel.package.start("in the background, the run stepping eagerly meanwhile")
             self.tier = "compiling"
         elif tier == "compiling":
             package = self.block.kernel.package if self.block.kernel is not None else None
