@@ -16,6 +16,7 @@ import torch
 import fwdtrain as ft
 from fwdtrain import _compat, cli
 from fwdtrain.compile import kernels
+from fwdtrain.compile.options import AFTER_ENV, DEFAULT_AFTER, as_compile
 
 DT = 0.01
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,11 +90,21 @@ def numbers(result: ft.Run) -> list[torch.Tensor]:
 OPTIONS = {"save": ft.SaveAt(20), "checks": ft.Checks(50)}
 
 
-def test_a_short_run_stays_eager_and_traces_nothing():
+def test_a_short_run_stays_eager_and_traces_nothing(monkeypatch):
+    monkeypatch.delenv(AFTER_ENV)
+    assert as_compile("auto").after == DEFAULT_AFTER == 1000
     sde, state = linear_problem()
     before = kernels.counts()
     result = ft.run(sde, state, 50, DT, 0.5, noise=3)
     assert kernels.counts() == before and result.history.route == "eager" and result.history.compiled_from is None
+
+
+def test_the_default_step_to_compile_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(AFTER_ENV, "250")
+    assert as_compile("auto").after == 250 and as_compile(ft.Compile(after=3)).after == 3
+    monkeypatch.setenv(AFTER_ENV, "soon")
+    with pytest.raises(ValueError, match="FWDTRAIN_COMPILE_AFTER='soon' must be a whole number of steps"):
+        as_compile("auto")
 
 
 def test_the_default_run_equals_the_explicitly_eager_run_bit_for_bit():
@@ -202,6 +213,7 @@ def test_the_default_run_compiles_in_the_background_and_the_next_launch_loads_it
     in another process, which outlives it (detached) and writes the package; the second loads it before its
     first step and compiles nothing."""
     env = {**os.environ, "FWDTRAIN_CACHE_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+    env.pop(AFTER_ENV)  # the default's own
     launch = lambda: subprocess.run(
         [sys.executable, "-c", _LAUNCH], capture_output=True, text=True, env=env, timeout=600
     )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, NamedTuple, get_args
 
 from .. import _compat
 from ..core import _checks
+
+AFTER_ENV = "FWDTRAIN_COMPILE_AFTER"  # the default of Compile(after=...)
+DEFAULT_AFTER = 1000
 
 Compiler = Literal["aot", "dynamo"]
 COMPILERS: tuple[str, ...] = get_args(Compiler)
@@ -20,8 +24,8 @@ class Compile(NamedTuple):
             disk, else compiles it in another process while it steps eagerly, and switches to it at the first
             block after it is ready (``History.compiled_from``: the step it switched at). ``True``: the kernel
             before the first step (loaded, else compiled first). ``False``: every step eager.
-        after: the step a run must reach to compile (default 1000; tests and documentation examples stay
-            below it and never compile).
+        after: the step a run must reach to compile (None: ``$FWDTRAIN_COMPILE_AFTER``, else 1000; tests and
+            documentation examples stay below it and never compile).
         switch: False: a run keeps the route of its first step to its end (launches on the same route are
             bitwise equal), its background compile left for the next launch.
         route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
@@ -52,7 +56,7 @@ class Compile(NamedTuple):
     verify: bool = True
     unroll: int = 1
     flush_subnormals: bool = True
-    after: int = 1000
+    after: int | None = None
     switch: bool = True
 
     def derivative_mode(self, mode: str = "auto") -> str:
@@ -80,6 +84,12 @@ def as_compile(value: Any) -> Compile:
         raise ValueError(f"Compile(route=...) must be one of {COMPILERS}, got {options.route!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
     _checks.check_count(options.unroll, "Compile(unroll=...)")
+    if options.after is None:
+        text = os.environ.get(AFTER_ENV, "").strip()
+        try:
+            options = options._replace(after=int(text) if text else DEFAULT_AFTER)
+        except ValueError:
+            raise ValueError(f"{AFTER_ENV}={text!r} must be a whole number of steps") from None
     _checks.check_count(options.after, "Compile(after=...)", minimum=0)
     if not isinstance(options.switch, bool):
         raise TypeError(f"Compile(switch=...) must be True or False, got {options.switch!r}")
@@ -97,4 +107,4 @@ def as_compile(value: Any) -> Compile:
     return options
 
 
-__all__ = ["COMPILERS", "Compile", "Compiler", "as_compile"]
+__all__ = ["AFTER_ENV", "COMPILERS", "DEFAULT_AFTER", "Compile", "Compiler", "as_compile"]

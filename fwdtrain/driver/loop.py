@@ -152,7 +152,11 @@ class Loop:
         options, tier = self.options, self.tier
         if tier == "new":
             auto = options.enabled == "auto" and options.route == "aot"
-            if options.enabled is False or self.stepping.reduce is not None or (auto and self.end < options.after):
+            if (
+                options.enabled is False
+                or self.stepping.reduce is not None
+                or (auto and self.end < (options.after or 0))
+            ):
                 self.tier = "eager"
                 return
             kernel = self.block.build_kernel()

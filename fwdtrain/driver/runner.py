@@ -245,7 +245,7 @@ def choose_route(
         return "eager (compile=False)" if options.enabled is False else "eager (a gradient hook: compile=True compiles)"
     if options.enabled is True or options.route == "dynamo":
         return "compiled (compile=True)"
-    if loop.end < options.after:
+    if loop.end < (options.after or 0):  # as_compile has set it
         return f"eager (the run ends before step {options.after}, Compile(after=...))"
     if loop.block.build_kernel().loaded():
         return "compiled (the kernel is on disk)"
