@@ -411,17 +411,23 @@ def _describe(tree: PyTree) -> str:
     return f"a {type(tree).__name__}" + (f" of ({', '.join(kinds)})" if kinds and not named(tree) else "")
 
 
+def check_optimizer(optimizer: Any) -> GradientTransformation | None:
+    """``optimizer`` when it is a ``GradientTransformation`` or None; else ``TypeError`` saying what it is."""
+    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
+        raise TypeError(
+            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
+            f"or None, got {type(optimizer).__name__}"
+        )
+    return optimizer
+
+
 def check_opt_state(
     optimizer: GradientTransformation | None, opt_state: OptState, theta: PyTree, name: str = "state.opt_state"
 ) -> None:
     """Raise ``ValueError`` unless ``opt_state`` has the structure, shapes and dtypes of ``optimizer.init(theta)``
     (``()`` for ``optimizer`` None: the plain update ``fwdtrain.core.step.descend``). Checks structure only, so it
     runs inside the user's transforms too."""
-    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(
-            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
-            f"or None, got {type(optimizer).__name__}"
-        )
+    check_optimizer(optimizer)
     expected = () if optimizer is None else optimizer.init(theta)
     if _signature(opt_state) == _signature(expected):
         return
@@ -509,6 +515,7 @@ __all__ = [
     "chain",
     "check_average",
     "check_opt_state",
+    "check_optimizer",
     "clip_by_global_norm",
     "momentum",
     "optimizer",

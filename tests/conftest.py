@@ -36,10 +36,13 @@ _ROOT = pytest.StashKey[tuple]()
 
 @pytest.fixture(autouse=True)
 def own_cache_folder(tmp_path_factory, monkeypatch):
-    """Every test its own fwdtrain cache folder (kernel packages, the route's markers and counts), beside its
-    temporary folder: no test sees what another wrote, and a test's ``tmp_path`` holds only what it wrote."""
+    """Every test its own fwdtrain cache folder (kernel packages), beside its temporary folder: no test sees what
+    another wrote, and a test's ``tmp_path`` holds only what it wrote. The default run compiles nowhere (a test of
+    tiered compilation passes ``Compile(after=...)``): a suite's runs of thousands of steps would otherwise start
+    real compiles in the background."""
     folder = tmp_path_factory.mktemp("fwdtrain-cache")
     monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(folder))
+    monkeypatch.setenv("FWDTRAIN_COMPILE_AFTER", str(10**9))  # no background compile unless a test asks for one
     return folder
 
 

@@ -202,27 +202,3 @@ def test_bench_events_quick(tmp_path):
     assert expected <= variants
     assert payload["summary"]["max_relative_difference_batch_scipy"] < 1e-4
     assert payload["summary"]["state_dependent_max_relative_difference"] < 1e-3
-
-
-def test_route_weights_replays_the_rule_as_bench_route_measured_it():
-    """``route_weights`` replays the rule on the committed ``bench_route`` run: with the rule's own weight it picks
-    the same first compiled call as the run recorded, and with weight 0 (no look back) it never compiles."""
-    sys.path.insert(0, str(ROOT))
-    from benchmarks import bench_route, route_weights
-    from fwdtrain.compile import route
-
-    rows = json.loads((bench_route.RESULTS / "bench_route.json").read_text())["rows"]
-    for name in ("segments", "seed-N1", "seed-N100"):
-        case = bench_route.CASES[name]
-        cost = route_weights.counted(case)
-        for machine in ("fresh", "warm"):
-            found = [r for r in rows if (r["case"], r["machine"], r["route"]) == (name, machine, "auto")]
-            assert len(found) == 1, f"bench_route.json has no {name} {machine} row: commit a run of every case"
-            (row,) = found
-            first = route_weights.first_compiled(
-                cost, case["segment"], case["segments"], route.CONTINUED_WEIGHT, set_up=machine == "warm"
-            )
-            assert first == row["routes"].index("compiled"), (name, machine)
-            assert route_weights.first_compiled(cost, case["segment"], case["segments"], 0, set_up=True) == len(
-                row["routes"]
-            )

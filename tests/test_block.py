@@ -157,20 +157,20 @@ def test_hooks_end_blocks_at_their_turns_and_a_record_function_of_ones_own_runs_
     assert counted["kernel"] == 5 and seen == [10, 20, 30, 40]  # one block per turn of the callback
 
 
-def test_auto_steps_its_blocks_compiled_from_the_step_after_its_counted_one(monkeypatch):
-    """compile="auto" that chooses to compile takes its first step eagerly and counted, then every block as one
-    kernel call, and gives what the compiled run gives (to rounding: the first step was eager)."""
-    from fwdtrain.compile import route
+def test_a_tiered_run_steps_eager_blocks_until_its_switch_then_one_kernel_call_a_block(monkeypatch, tmp_path):
+    """The default: eager blocks (``graphs.run_block``) while the kernel compiles in another process, then, from the
+    first block after it is ready (step 100 here), one kernel call per block; to rounding the compiled run."""
+    from test_run_policy import WaitForCompile, fake_compiler
 
+    fake_compiler(monkeypatch, tmp_path)
     counted = calls(monkeypatch)
-    monkeypatch.setattr(route, "choose", lambda *args: route.Route(True, "asked to by the test"))
     sde, state = seed_problem()
     options = {"save": ft.SaveAt(20), "checks": ft.Checks(30, bound=1e6)}
-    auto = ft.driver.setup(sde, state, 250, 0.01, 0.3, 0, compile=ft.Compile("auto", chunk=128), **options)
-    result = ft.driver.execute(auto)
-    assert counted["kernel"] == 2 and counted["eager"] == 0  # the rest of block one, then block two
-    assert result.history.route == "compiled" and auto.route.reason == "asked to by the test"
-    compiled = ft.run(sde, state, 250, 0.01, 0.3, 0, compile=COMPILED, **options)
+    tiered = ft.Compile(chunk=128, after=200)
+    result = ft.run(sde, state, 250, 0.01, 0.3, 0, compile=tiered, hooks=WaitForCompile(100), **options)
+    assert counted["eager"] == 1 and counted["kernel"] == 3  # the block to 100; then to 128 (a chunk), 200, 250
+    assert int(result.history.compiled_from) == 100
+    compiled = ft.run(sde, state, 250, 0.01, 0.3, 0, compile=False, **options)
     got = result.history
     assert got.step.tolist() == compiled.history.step.tolist()
     for key in compiled.history.theta:

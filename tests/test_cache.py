@@ -13,7 +13,7 @@ import torch
 
 import fwdtrain as ft
 from fwdtrain import cli
-from fwdtrain.compile import cache
+from fwdtrain.compile import cache, kernels
 
 HOUR = 3600.0
 
@@ -280,10 +280,11 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
     """Through ``function_kernel`` with the compile stubbed (what is tested is the cache, not inductor): with a
     cap of one package, a second kernel written removes the first; loading it again from disk marks it used."""
 
-    def fake_compile(module, example, path, options):
-        Path(path).write_bytes(b"compiled" * 100)
-
-    monkeypatch.setattr(ft._compat, "aot_compile", fake_compile)
+    compiled = (  # the compile's process, writing a stand-in package and pruning as the worker does
+        "import os, sys; open(sys.argv[2], 'wb').write(b'compiled' * 100); os.unlink(sys.argv[1]); "
+        "from fwdtrain.compile import cache; cache.prune(keep=sys.argv[2])"
+    )
+    monkeypatch.setattr(kernels, "WORKER", ("-c", compiled))
     monkeypatch.setattr(ft._compat, "aot_load", lambda path, device: lambda flat: [flat[0] * 2])
     monkeypatch.setenv(cache.LIMIT_ENV, "1000")
     x = torch.arange(3.0, dtype=torch.float64)
@@ -307,10 +308,9 @@ def test_the_engine_touches_on_load_and_prunes_after_a_write(monkeypatch):
 
 @pytest.mark.slow
 def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
-    """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: only the newest stays;
-    with every build folder counted stale, none is left in ``inductor/``."""
+    """Two AOTInductor compiles (about 40 s each on two busy cores) with a cap of one byte: the compile process's
+    prune leaves only the newest; a prune that counts every build folder stale leaves none in ``inductor/``."""
     monkeypatch.setenv(cache.LIMIT_ENV, "1")
-    monkeypatch.setattr(cache, "STALE_SECONDS", -1.0)  # every build folder stale: inductor's real layout is pruned
     ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4, particles=2)
     cache.forget_kernels()
     for particles in (2, 3):  # another shape: another kernel
@@ -319,5 +319,32 @@ def test_two_real_compiles_under_a_tiny_cap_leave_the_newest(monkeypatch):
         newest = max((cache.cache_dir() / "kernels").glob("*.pt2"), key=lambda path: path.stat().st_mtime_ns)
         assert on_disk() == [newest.name]
     assert cache.usage().packages == 1
+    monkeypatch.setattr(cache, "STALE_SECONDS", -1.0)  # every build folder stale: inductor's real layout is pruned
+    cache.prune()
     assert not list((cache.cache_dir() / "inductor").glob("*/*.wrapper.cpp"))  # no compile's build folder left
     cache.forget_kernels()
+
+
+def test_the_cache_module_holds_the_only_module_global_state():
+    """A module-level container that is not a constant table (those are named in capitals) lives in ``cache``."""
+    import ast
+
+    containers = {"dict", "set", "list", "WeakKeyDictionary", "WeakValueDictionary", "Counter", "OrderedDict"}
+    found = []
+    for path in sorted((Path(ft.__file__).parent).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if not isinstance(target, ast.Name) or value is None or target.id.isupper() or target.id == "__all__":
+                continue
+            call = value.func if isinstance(value, ast.Call) else None
+            if isinstance(value, (ast.Dict, ast.Set, ast.List)) or getattr(call, "attr", getattr(call, "id", None)) in (
+                containers
+            ):
+                found.append(f"{path.relative_to(Path(ft.__file__).parent)}:{target.id}")
+    assert sorted(found) == [
+        "compile/cache.py:_checked",
+        "compile/cache.py:_events",
+        "compile/cache.py:_kernels",
+        "compile/cache.py:_prepared",
+    ], found

@@ -723,29 +723,25 @@ def test_cli_ensemble_under_torchrun_prints_every_member_once(tmp_path):
 
 
 class _RouteSeen(ft.driver.hooks.Hook):
-    """Remembers the route the loop's stepper ended on ("eager", or a compiled route)."""
+    """Remembers how the loop's last block ran ("eager" or "compiled")."""
 
     def end(self, loop, interrupted):
-        self.route = loop.block.route
+        self.route = loop.route
 
 
 def _auto_worker(particles: int):
-    """compile="auto" where the ranks' own rules disagree: rank 0's says compile, rank 1's says stay eager (their
-    caches can differ: a kernel on one rank's disk and not on the other's)."""
-    from fwdtrain.compile import route
-
-    route.choose = lambda *args: route.Route(D.rank() == 0, "this rank's rule")
+    """The default compile under a group, past ``Compile(after=...)``: the gradient collective runs between the
+    step's halves, so the block cannot be one kernel; no rank compiles in the background or switches."""
     ex = _lqr()
     state = ft.init(ex.sde, ex.theta, ex.x0, particles=particles)
     seen = _RouteSeen()
-    auto = ft.Compile("auto", route="dynamo", backend="eager")
-    run = D.distributed_run(ex.sde, state, 30, DT, LR, seed=SEED, compile=auto, hooks=(seen,))
-    return seen.route, run.state.theta
+    run = D.distributed_run(ex.sde, state, 30, DT, LR, seed=SEED, compile=ft.Compile(after=1), hooks=(seen,))
+    return seen.route, run.state.theta, ft.compile.counts()["compiles"]
 
 
-def test_compile_auto_takes_rank_0s_choice_on_every_rank():
-    """Eager and compiled steps agree only to rounding, and a group refuses ranks whose thetas differ: every rank
-    steps the way rank 0 decided, so one run never mixes the two."""
+def test_compile_auto_under_a_group_steps_eagerly_on_every_rank():
+    """Eager and compiled steps agree only to rounding, and a group refuses ranks whose thetas differ: under a
+    group the default steps eagerly on every rank (``compile=True`` compiles the halves on every rank)."""
     ranks = D.launch(_auto_worker, 2, (3,), timeout=2 * LAUNCH_TIMEOUT)
-    assert [route for route, _ in ranks] == ["dynamo", "dynamo"]
+    assert [(route, compiles) for route, _, compiles in ranks] == [("eager", 0), ("eager", 0)]
     assert all(torch.equal(ranks[0][1][name], ranks[1][1][name]) for name in ranks[0][1])

@@ -1,10 +1,11 @@
-"""Compiled steps: traced once, compiled by AOTInductor, kept on disk (``torch.compile`` as the fallback).
+"""Compiled steps: traced once, compiled by AOTInductor in another process, kept on disk (``torch.compile`` as
+the fallback).
 
 - ``options``: ``Compile``, what ``run(compile=...)`` takes;
 - ``kernels``: ``block_kernel`` (a block of steps in one call) and ``function_kernel``, cached per process; ``counts``;
 - ``graphs``: tracing a pure step into a flat ATen graph, and the block loop built around it;
 - ``cache``: ``cache_dir()``, the kernels' keys and their cap (``touch`` on load, ``prune`` after a write);
-- ``route``: what ``compile="auto"`` chooses, by a stated rule of the counted step, the steps and the cache.
+- ``worker``: the compile's own process (``python -m fwdtrain.compile.worker``), which a run steps eagerly beside.
 """
 
 from .cache import cache_dir, forget_kernels

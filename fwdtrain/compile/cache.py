@@ -2,7 +2,8 @@
 
 ``cache_dir()`` (``$FWDTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fwdtrain``, ``~/.cache/fwdtrain``) holds
 ``kernels/<key>.pt2`` (AOTInductor packages; the key hashes everything the compiled code depends on,
-``kernel_key``), ``inductor/`` (inductor's own caches) and ``routes/`` (``fwdtrain.compile.route``'s markers).
+``kernel_key``; a run looks for its package by that key and nothing else), ``kernels/<key>.job`` and ``.log``
+while a compile of it runs (``kernels._Package.start``), and ``inductor/`` (inductor's own caches).
 A package is written to a temporary file and renamed, so a crash never leaves half a kernel. The packages are
 capped (``limit_bytes``): a load marks its package used (``touch``), and after each package written ``prune``
 removes the least recently used others until the total is within the cap, and the build folders AOTInductor
@@ -43,6 +44,7 @@ KERNELS_KEPT = 64  # compiled kernels a process keeps (least recently used first
 # per process), and the count of compile events (tests count these, never seconds).
 _kernels: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _prepared: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[Any, set[Hashable]] = weakref.WeakKeyDictionary()
 _events = collections.Counter(
     {"traces": 0, "compiles": 0, "loads": 0, "fallbacks": 0, "traced_ops": 0, "simplified_ops": 0}
 )
@@ -64,6 +66,12 @@ def prepared_steps(problem: Any) -> dict[Hashable, Any]:
     """The prepared steps (``fwdtrain.jit_step``) of ``problem`` in this process, by options: kept as long as the
     problem lives."""
     return _prepared.setdefault(problem, {})
+
+
+def checked(problem: Any) -> set[Hashable]:
+    """What was checked once of ``problem`` in this process (its fit to a state's shapes, a solver's value check):
+    kept as long as the problem lives."""
+    return _checked.setdefault(problem, set())
 
 
 def forget_kernels() -> None:
@@ -214,8 +222,9 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
     """Bring the cache within ``limit`` bytes (None: no cap), the packages of ``kernels/`` and inductor's files in
     ``inductor/`` counted together: the least recently used go first, never ``keep``, never a file of ``inductor/``
     written in the last ``STALE_SECONDS`` nor any while another process compiles there (``_compiling``: it may
-    be using them). Always removed: ``.tmp-*`` files and AOTInductor's build folders untouched for
-    ``STALE_SECONDS`` and ``*.rejected`` packages. A file that another process removed first is skipped."""
+    be using them). Always removed: ``.tmp-*``, ``*.job`` and ``*.log`` files and AOTInductor's build folders
+    untouched for ``STALE_SECONDS``, and ``*.rejected`` packages. A file that another process removed first is
+    skipped."""
     folder = cache_dir() / "kernels"
     kept_name = Path(keep).name if keep is not None else None
     packages: list[tuple[float, str, int]] = []  # (last use, name, bytes)
@@ -228,7 +237,7 @@ def prune_to(limit: int | None, keep: str | os.PathLike[str] | None = None) -> P
     for entry in entries:
         try:
             stat = entry.stat(follow_symlinks=False)
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith(".tmp-") or entry.name.endswith((".job", ".log")):  # a compile's, or a crash's
                 if now - stat.st_mtime > STALE_SECONDS:
                     freed += _unlink(entry.path, stat.st_size)
             elif entry.name.endswith(".rejected"):
@@ -408,7 +417,7 @@ def usage() -> Usage:
 
 
 def clear() -> Usage:
-    """Empty ``kernels/``, ``inductor/`` and ``routes/`` (the packages, inductor's caches, the route markers); what
+    """Empty ``kernels/`` and ``inductor/`` (the packages, inductor's caches; ``routes/``, 0.5's markers, too); what
     went, as ``usage()`` before less after (a file that cannot be removed stays and is not counted). Not while a
     process of this cache is compiling: its compile would fail."""
     before = usage()

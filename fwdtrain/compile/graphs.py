@@ -25,19 +25,13 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 PyTree = Any
-StepFn = Callable[[PyTree, PyTree], PyTree]  # (carry, inputs of one step) -> carry
 
 
 class Traced(NamedTuple):
-    """A flat graph ``graph(*leaves) -> list of leaves`` of a pytree function, with the specs to unflatten."""
+    """A flat graph ``graph(*leaves) -> list of leaves`` of a pytree function, with its output's spec."""
 
     graph: torch.fx.GraphModule
-    in_spec: Any
     out_spec: Any
-
-    @property
-    def nodes(self) -> int:
-        return len(self.graph.graph.nodes)
 
     def constants(self) -> list[tuple[str, torch.Tensor]]:
         """Every tensor the graph holds (what the user's functions closed over), by name."""
@@ -78,7 +72,7 @@ def trace(fn: Callable[..., PyTree], example: tuple) -> Traced:
     graph = make_fx(flat, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(
         *leaves
     )
-    return Traced(graph, in_spec, out_spec[0])
+    return Traced(graph=graph, out_spec=out_spec[0])
 
 
 class Packing(NamedTuple):

@@ -1,11 +1,14 @@
-"""Compiled kernels: a pure function made fast, built once per process and kept on disk for the next.
+"""Compiled kernels: a pure function made fast, compiled in another process and kept on disk for the next.
 
 A ``Kernel`` computes what its eager meaning computes (to rounding): ``block_kernel`` a block of checked steps
 with its records (``graphs.run_block``), ``function_kernel`` one function (the public ``step``, the halves of
-a step around a gradient hook). Its routes, in order: ``"aot"``, the function traced once (``graphs.trace``)
-and compiled by AOTInductor into a package keyed by that graph (``cache.kernel_key``), loaded from disk when
-there (and checked once against the eager meaning, ``Compile.verify``; set aside and rebuilt if off); else
-``"dynamo"``, ``torch.compile`` of the step; else eager. Each fallback says why in one warning line.
+a step around a gradient hook). Building one traces the function once (``graphs.trace``) and keys the graph
+(``cache.kernel_key``: its code, its constants, the inputs' layout, the options). Its package is loaded from
+disk when there (and checked once against the eager meaning, ``Compile.verify``; set aside and rebuilt if off);
+else the traced module is saved to a job file and compiled by AOTInductor in another process
+(``python -m fwdtrain.compile.worker``: torch.export and ``aoti_compile_and_package`` there, no closure crosses),
+which a run waits for (``compile=True``) or steps eagerly beside (``start``, ``poll``). Where tracing or the
+compile fails, ``torch.compile`` of the step, else eager, each fallback said in one warning line.
 ``counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
 """
 
@@ -14,9 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
+import sys
+import time
 import types
 import warnings
 from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
 from typing import Any
 
 import optree
@@ -132,19 +139,30 @@ def _close(computed: Any, expected: Any) -> bool:
 
 # ---------------------------------------------------------------- the AOTInductor route
 
+WORKER = ("-m", "fwdtrain.compile.worker")  # the compile's process: ``python -m fwdtrain.compile.worker job package``
+QUIET_ENV = "FWDTRAIN_QUIET"  # set (to anything but "" or "0"): no line when a compile starts
+
+
+def say(line: str) -> None:
+    """One line on stderr (a compile starting), unless ``$FWDTRAIN_QUIET`` is set."""
+    if os.environ.get(QUIET_ENV, "") in ("", "0"):
+        sys.stderr.write(f"fwdtrain: {line}\n")
+        sys.stderr.flush()
+
 
 class _Package:
-    """A traced graph's AOTInductor package: ``warm`` when it is on disk; ``ready()`` loads or compiles it."""
+    """A traced graph's AOTInductor package: ``load`` it from disk, or ``start`` its compile in another process
+    (``worker``) and ``poll`` for it; ``run`` is the loaded package's call (None until then)."""
 
-    def __init__(
-        self, module: torch.nn.Module, example: list[torch.Tensor], key: str, options: dict[str, Any], nodes: int
-    ) -> None:
-        self.module, self.example, self.options, self.nodes = module, example, options, nodes
+    def __init__(self, module: torch.nn.Module, example: list[torch.Tensor], key: str, options: dict[str, Any]) -> None:
+        self.module, self.example, self.options = module, example, options
         self.path = cache.package_path(key)
         self.device = next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.run: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
         self.loaded_from_disk = False
         self.signature = [(t.dtype, t.shape, t.stride()) for t in example]
+        self.child: subprocess.Popen | None = None
+        self.job = self.path.with_suffix(".job")
 
     def fits(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """``flat`` laid out as the example the package was built for (its C++ runner reads memory as it was
@@ -164,48 +182,73 @@ class _Package:
             for t, (_, _, stride) in zip(flat, self.signature, strict=True)
         ]
 
-    @property
-    def warm(self) -> bool:
-        """Whether a package of this key is on disk (loading it costs milliseconds)."""
-        return self.run is not None or self.path.is_file()
-
-    def ready(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-        """The package's ``run``: loaded from disk, else compiled first (a corrupt one is rebuilt with a warning)."""
-        if self.run is not None:
-            return self.run
-        if self.path.is_file():
+    def load(self) -> bool:
+        """Load the package when it is on disk (counted; a corrupt one is set aside with a warning); whether
+        ``run`` is ready."""
+        if self.run is None and self.path.is_file():
             try:
-                self.run = self._load()
-                self.loaded_from_disk = True
-                return self.run
+                self.run = _compat.aot_load(str(self.path), self.device)
+                cache.touch(self.path)
+                cache.count(loads=1)
             except Exception as error:
                 _warn(f"the compiled kernel {self.path.name} could not be loaded ({root_cause(error)}); rebuilding it")
                 self.set_aside()
-        self._build()
-        assert self.run is not None
-        return self.run
+        return self.run is not None
 
-    def _load(self) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-        run = _compat.aot_load(str(self.path), self.device)
-        cache.touch(self.path)
-        cache.count(loads=1)
-        return run
-
-    def _build(self) -> None:
-        machine = cache.machine()
-        _compat.skip_known_probe(machine)
-        temporary = cache.writable_temporary(self.path)
-        try:
-            with _quiet_torch_logs():
-                _compat.aot_compile(self.module, tuple(self.example), temporary, self.options)
-            os.replace(temporary, self.path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-        cache.prune(keep=self.path)
-        _compat.record_probe(machine)
+    def start(self, where: str) -> None:
+        """Start the compile in another process, unless this one or another process of this cache compiles it
+        already (its job file, younger than ``cache.STALE_SECONDS``); one line says so (``say``)."""
+        if self.child is not None or self.run is not None or self._elsewhere():
+            return
+        say(f"compiling the step's kernel {where} (AOTInductor: about 30 to 60 s on a first compile)")
+        temporary = cache.writable_temporary(self.job)
+        torch.save((self.module, self.example, self.options), temporary)
+        os.replace(temporary, self.job)
+        root = str(Path(__file__).resolve().parents[2])  # this fwdtrain, whatever the child's path would find
+        path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        log = open(self.job.with_suffix(".log"), "w")  # noqa: SIM115  # the child's, closed below
+        with log:
+            self.child = subprocess.Popen(  # detached: a run that ends first leaves it to finish for the next launch
+                [sys.executable, *WORKER, str(self.job), str(self.path)],
+                env={**os.environ, "PYTHONPATH": path},
+                cwd=self.path.parent,  # not the user's folder, whose modules would shadow the standard library's
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         cache.count(compiles=1)
-        self.run = self._load()
+
+    def _elsewhere(self) -> bool:
+        """Whether another process compiles this package: its job file, younger than ``cache.STALE_SECONDS``."""
+        try:
+            return self.child is None and time.time() - self.job.stat().st_mtime < cache.STALE_SECONDS
+        except OSError:
+            return False
+
+    def poll(self, wait: bool = False) -> str | None:
+        """Where the compile stands: "" while it runs, None once the package is loaded, else why it failed (the
+        worker's last line). ``wait``: until it ends."""
+        if self.load():
+            return None
+        if self.child is None:  # another process's compile (``start``): its job file goes when it ends
+            while wait and self._elsewhere():
+                time.sleep(0.5)
+            if self._elsewhere():
+                return ""
+            return None if self.load() else "another process's compile of it left no package"
+        if (self.child.wait() if wait else self.child.poll()) is None:
+            return ""
+        code, self.child, log = self.child.returncode, None, self.job.with_suffix(".log")
+        self.job.unlink(missing_ok=True)  # a worker that failed before it could remove it
+        try:
+            lines = log.read_text().strip().splitlines()
+            log.unlink()
+        except OSError:
+            lines = []
+        if self.load():
+            return None
+        return lines[-1][:300] if lines else f"the compile process exited with status {code}"
 
     def set_aside(self) -> None:
         """Move the package out of the cache's way (a later build writes a fresh one) and forget it."""
@@ -224,13 +267,15 @@ def _restrided(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 
 class Kernel:
     """``fn(*args)`` compiled: its AOTInductor package, or ``fn`` with its compilable part under ``torch.compile``
-    where tracing fails, or ``fn`` eagerly (one warning line at each fallback).
+    where tracing or the compile fails, or ``fn`` eagerly (one warning line at each fallback).
 
     ``fn`` is the kernel's meaning and its eager twin; ``trace(*args)`` gives the package and the output's pytree
-    spec (route ``"aot"``); ``dynamo(compiled)`` gives ``fn`` with its compilable part replaced by ``compiled``, a
-    ``torch.compile`` of that part (route ``"dynamo"``). The first call of a package loaded from disk is checked
-    against ``fn`` on ``probe(args)`` (a short version of the arguments) and a package that is off is set aside
-    and rebuilt. Inside the user's ``torch.func`` transform a kernel runs ``fn`` (its tensors cannot leave it).
+    spec; ``dynamo(compiled)`` gives ``fn`` with its compilable part replaced by ``compiled``, a ``torch.compile`` of
+    that part. A call compiles in the foreground where the package is not ready (``ready``); ``compiled`` (None
+    where tracing failed) lets a run step eagerly while the package compiles (``start``, ``poll``). The first call
+    of a package loaded from disk is checked against ``fn`` on ``probe(args)`` (a short version of the arguments),
+    and a package that is off is set aside and rebuilt. Inside the user's ``torch.func`` transform a kernel runs
+    ``fn`` (its tensors cannot leave it).
     """
 
     def __init__(
@@ -249,58 +294,65 @@ class Kernel:
         self.compiled: Callable | None = None
         self.out_spec: Any = None
         self.checked = not options.verify
+        self.failure = ""  # why tracing failed ("": it did not)
         if options.route == "aot":
             try:
                 self.package, self.out_spec = trace(*args)
-                return
             except Exception as error:
-                self._fall_back(error)
-                return
-        self.compiled = dynamo(_DynamoOrEager(part, options, what))
+                self.failure = root_cause(error)
+                cache.count(fallbacks=1)
+        else:
+            self.compiled = dynamo(_DynamoOrEager(part, options, what))
 
-    @property
-    def warm(self) -> bool:
-        """Whether the first call costs no compile (a package on disk, or a kernel built in this process)."""
-        return self.package is not None and self.package.warm
+    def loaded(self) -> bool:
+        """Whether the package is loaded: from this process's compile, or now from disk (then checked first)."""
+        package = self.package
+        if package is None:
+            return False
+        on_disk = package.run is None and package.path.is_file()
+        if package.load() and on_disk:
+            package.loaded_from_disk = True
+        return package.run is not None
 
-    @property
-    def route(self) -> str:
-        return "aot" if self.package is not None else "dynamo"
-
-    def _fall_back(self, error: BaseException) -> None:
+    def _fall_back(self, error: str) -> None:
         cache.count(fallbacks=1)
-        _warn(f"the trace-once compile of {self.what} failed ({root_cause(error)}); using torch.compile instead")
+        _warn(f"the trace-once compile of {self.what} failed ({error}); using torch.compile instead")
         self.package = None
         self.compiled = self.dynamo(_DynamoOrEager(self.part, self.options, self.what))
 
-    def _checked_run(self, args: tuple) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
-        """The package's ``run``, loaded or built; a package loaded from disk is checked once against ``fn`` on
-        ``probe(args)`` and set aside and rebuilt when it is off. None where there is no package or it cannot be
-        readied (then ``_fall_back`` has run)."""
-        if self.package is None:
+    def ready(self, args: tuple) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
+        """The package's ``run``: loaded, else compiled in the foreground; a package loaded from disk is checked
+        once against ``fn`` and set aside and rebuilt when it is off. None where there is no package or it cannot
+        be built (then ``_fall_back`` has run)."""
+        package = self.package
+        if package is None:
+            if self.compiled is None:
+                self._fall_back(self.failure)
             return None
-        try:
-            run = self.package.ready()
-        except Exception as error:
-            self._fall_back(error)
-            return None
+        if not self.loaded():
+            package.start("before the run's first step")
+            failure = package.poll(wait=True)
+            if failure is not None:
+                self._fall_back(failure or "the compile stopped")
+                return None
+        run = package.run
+        assert run is not None
         if not self.checked:
             self.checked = True
-            if self.package.loaded_from_disk:
+            if package.loaded_from_disk:
                 short = self.probe(args)
-                if not _close(run(self.package.fits(leaves(short))), leaves(self.fn(*short))):
+                if not _close(run(package.fits(leaves(short))), leaves(self.fn(*short))):
                     _warn(
-                        f"the compiled kernel {self.package.path.name} on disk does not reproduce {self.what}; "
-                        f"rebuilding it"
+                        f"the compiled kernel {package.path.name} on disk does not reproduce {self.what}; rebuilding it"
                     )
-                    self.package.set_aside()
-                    run = self.package.ready()
+                    package.set_aside()
+                    return self.ready(args)
         return run
 
     def __call__(self, *args: Any) -> Any:
         if not _concrete(args):  # inside the user's torch.func transform
             return self.fn(*args)
-        run = self._checked_run(args)
+        run = self.ready(args)
         if run is not None and self.package is not None:
             return optree.tree_unflatten(self.out_spec, run(self.package.fits(leaves(args))))
         assert self.compiled is not None
@@ -398,7 +450,7 @@ def block_kernel(
         tables = tuple(graphs.Packing.of(tuple(observe(*carry))).sizes())
         count = grids[0]
         spec = optree.tree_structure(graphs.BlockOut(count, count, count, carry, tables))  # type: ignore[arg-type]
-        return _Package(module, example, kernel_key, values, sum(t.nodes for t in traced)), spec
+        return _Package(module, example, kernel_key, values), spec
 
     def dynamo(compiled_body: Callable[..., tuple]) -> Callable[..., Any]:
         return lambda *args: meaning(*args, step=wrap(compiled_body))
@@ -424,7 +476,7 @@ def function_kernel(
         example: list[torch.Tensor] = leaves(example_args)
         values = inductor_options(example_args)
         kernel_key = cache.kernel_key(traced.graph.code, traced.constants(), example, values, "function")
-        return _Package(traced.graph, example, kernel_key, values, traced.nodes), traced.out_spec
+        return _Package(traced.graph, example, kernel_key, values), traced.out_spec
 
     signature = ("function", key, options, _signature(args))
     return cache.kernel(signature, lambda: Kernel(fn, args, trace, fn, lambda compiled: compiled, options, what))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, NamedTuple, get_args
 
 from .. import _compat
 from ..core import _checks
+
+AFTER_ENV = "FWDTRAIN_COMPILE_AFTER"  # the default of Compile(after=...)
+DEFAULT_AFTER = 1000
 
 Compiler = Literal["aot", "dynamo"]
 COMPILERS: tuple[str, ...] = get_args(Compiler)
@@ -15,11 +19,15 @@ class Compile(NamedTuple):
     """How the steps of a run are computed.
 
     Attributes:
-        enabled: ``"auto"`` (default): the rule of ``fwdtrain.compile.route``: the run's first step is taken
-            eagerly and counted (ATen calls, numbers written), and the run compiles when the steps, with those
-            a continued run took before, are projected to take longer eagerly than compiling them (a kernel
-            on disk costs a load); ``fwdtrain.driver.choose_route`` tells before running. ``True``: always.
-            ``False``: every step eager.
+        enabled: ``"auto"`` (default): tiered. A run steps eagerly from its first step; one that reaches step
+            ``after`` (counted from the start of training) loads its kernel before its first step when it is on
+            disk, else compiles it in another process while it steps eagerly, and switches to it at the first
+            block after it is ready (``History.compiled_from``: the step it switched at). ``True``: the kernel
+            before the first step (loaded, else compiled first). ``False``: every step eager.
+        after: the step a run must reach to compile (None: ``$FWDTRAIN_COMPILE_AFTER``, else 1000; tests and
+            documentation examples stay below it and never compile).
+        switch: False: a run keeps the route of its first step to its end (launches on the same route are
+            bitwise equal), its background compile left for the next launch.
         route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
             into a package kept in ``fwdtrain.compile.cache_dir()``, loaded by later runs and processes
             without compiling; every run of steps between two events is one call of a compiled loop.
@@ -48,6 +56,8 @@ class Compile(NamedTuple):
     verify: bool = True
     unroll: int = 1
     flush_subnormals: bool = True
+    after: int | None = None
+    switch: bool = True
 
     def derivative_mode(self, mode: str = "auto") -> str:
         """The derivative mode a run with these options plans with: ``mode``, except that a run that may compile
@@ -74,6 +84,15 @@ def as_compile(value: Any) -> Compile:
         raise ValueError(f"Compile(route=...) must be one of {COMPILERS}, got {options.route!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
     _checks.check_count(options.unroll, "Compile(unroll=...)")
+    if options.after is None:
+        text = os.environ.get(AFTER_ENV, "").strip()
+        try:
+            options = options._replace(after=int(text) if text else DEFAULT_AFTER)
+        except ValueError:
+            raise ValueError(f"{AFTER_ENV}={text!r} must be a whole number of steps") from None
+    _checks.check_count(options.after, "Compile(after=...)", minimum=0)
+    if not isinstance(options.switch, bool):
+        raise TypeError(f"Compile(switch=...) must be True or False, got {options.switch!r}")
     if not isinstance(options.flush_subnormals, bool):
         raise TypeError(f"Compile(flush_subnormals=...) must be True or False, got {options.flush_subnormals!r}")
     if options.route == "dynamo" and isinstance(options.backend, str):
@@ -88,4 +107,4 @@ def as_compile(value: Any) -> Compile:
     return options
 
 
-__all__ = ["COMPILERS", "Compile", "Compiler", "as_compile"]
+__all__ = ["AFTER_ENV", "COMPILERS", "DEFAULT_AFTER", "Compile", "Compiler", "as_compile"]

@@ -44,9 +44,11 @@ class History(NamedTuple):
             frozen at; its records after that step hold NaN costs), -1 for a member still running.
         theta_average: The state's Polyak-Ruppert mean of theta (``State.average.mean``) stacked over
             records (leaves (R, *s)); None when the state carries no average.
-        compiled: 0-d bool, whether the steps of the call that made this history ran compiled (the route of
-            ``compile="auto"``: ``fwdtrain.compile.route``); None where no step was taken. ``route`` says it in
-            words.
+        compiled: 0-d bool, whether the last steps of the call that made this history ran compiled; None where
+            no step was taken. ``route`` says it in words.
+        compiled_from: 0-d int64, the step count at which that call's steps began to run compiled: its first
+            step where it loaded (or compiled first) its kernel, a later one where it switched to a kernel compiled
+            in the background (``fwdtrain.Compile``); None where every step ran eagerly.
 
     In an ensemble (``fwdtrain.ensemble``) every per-record field but ``step`` has a member axis after the
     record axis: t, cost, grad_norm, average_cost (R, E), theta leaves (R, E, *s);
@@ -69,6 +71,7 @@ class History(NamedTuple):
     frozen_at: torch.Tensor | None = None
     theta_average: Any = None
     compiled: torch.Tensor | None = None
+    compiled_from: torch.Tensor | None = None
 
     @property
     def route(self) -> str | None:
@@ -171,6 +174,7 @@ def build(
     frozen_at: torch.Tensor | None = None,
     empty_average: Any = None,
     compiled: bool | None = None,
+    compiled_from: int | None = None,
 ) -> History:
     """Stack ``records`` into a History (appended to ``previous`` when given; its carry and flags replaced).
 
@@ -186,18 +190,19 @@ def build(
         average = torch.zeros(0, dtype=torch.float64, device=device)
         theta = empty_theta
     new = History(
-        step,
-        t,
-        cost,
-        grad,
-        theta,
-        average,
-        carry,
-        torch.tensor(interrupted),
-        diverged,
-        frozen_at,
-        theta_average,
-        None if compiled is None else torch.tensor(compiled),
+        step=step,
+        t=t,
+        cost=cost,
+        grad_norm=grad,
+        theta=theta,
+        average_cost=average,
+        carry=carry,
+        interrupted=torch.tensor(interrupted),
+        diverged=diverged,
+        frozen_at=frozen_at,
+        theta_average=theta_average,
+        compiled=None if compiled is None else torch.tensor(compiled),
+        compiled_from=None if compiled_from is None else torch.tensor(compiled_from, dtype=torch.int64),
     )
     if previous is not None and len(previous.step):
         joined = concatenate([previous, new])
@@ -220,6 +225,7 @@ def concatenate(pieces: Sequence[History]) -> History | None:
             diverged=last.diverged,
             frozen_at=last.frozen_at,
             compiled=last.compiled,
+            compiled_from=last.compiled_from,
         )
     averaged = all(p.theta_average is not None for p in kept)  # else a piece recorded none: dropped
     return last._replace(

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..optim import GradientTransformation, average_init
+from ..optim import GradientTransformation, average_init, check_optimizer
 from . import _checks
 from ._tree import leaves, leaves_with_paths, size, tree_map
 from .problem import SDE, check_noise_type
@@ -269,11 +269,7 @@ def empty_score(sde: SDE, theta: Theta, particles: int) -> Any:
 def with_optimizer(state: State, optimizer: GradientTransformation | None = None, *, average_from: Any = None) -> State:
     """``state`` with the rule's state ``optimizer.init(theta)`` (``()`` for None: plain sgd) and, for
     ``average_from`` = t0, an empty Polyak-Ruppert average that starts at t0 (``()`` for None)."""
-    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(
-            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
-            f"or None, got {type(optimizer).__name__}"
-        )
+    check_optimizer(optimizer)
     opt_state = () if optimizer is None else optimizer.init(state.theta)
     average = () if average_from is None else average_init(state.theta, average_from)
     return state._replace(opt_state=opt_state, average=average)

@@ -25,7 +25,7 @@ from ..core._tree import squared_norm, tree_map
 from ..core.errors import DivergenceError
 from ..driver.hooks import Hook, RunView
 from .check import DIVERGED, FAILED, INTERRUPTED, OK, check_group
-from .group import GroupError, all_reduce, broadcast, group_mean, is_initialized, print_main, world_size
+from .group import GroupError, all_reduce, group_mean, is_initialized, print_main, world_size
 from .reduce import GradientMean
 
 
@@ -50,11 +50,6 @@ class GroupHook(Hook):
 
     def reduce(self, gradient: Any) -> Any:
         return self.gradient(gradient)
-
-    def agree(self, choice: bool) -> bool:
-        """Rank 0's choice on every rank: eager and compiled steps agree only to rounding, and the group check
-        refuses ranks whose thetas differ."""
-        return bool(broadcast(torch.tensor(float(choice))))
 
     def start(self, loop: RunView) -> None:
         self.last = (loop.carry.n, loop.carry.total)
@@ -110,10 +105,6 @@ class GroupHook(Hook):
         stop = loop.next_event(loop.carry.n, record_hooks_only=True)
         zeros = tree_map(torch.zeros_like, loop.carry.state.theta)
         try:
-            if loop.route is None:  # failed in "auto"'s counted step: its collective and the route's, as the others
-                while self.gradient.calls < loop.carry.n + 1:
-                    self.gradient(zeros)
-                self.agree(False)
             while self.gradient.calls < stop:  # the gradient collectives the other ranks make until their check
                 self.gradient(zeros)
             self._agree(loop, code, error, at=stop)  # the others check at this step: report there

@@ -1,6 +1,6 @@
 """The run: the loop over a problem's pure steps, its options and hooks, and its files.
 
-- ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``; ``choose_route`` (eager or compiled, and why);
+- ``run``: ``run`` and ``setup`` (a ``Loop`` one can advance), ``Run``; ``choose_route`` (how a run starts);
 - ``options``: ``SaveAt`` (what to record, how often) and ``Checks`` (divergence checks);
 - ``hooks``: ``Progress``, ``Checkpointing``, ``Callback``, ``GradientHook`` and the ``Hook`` base class;
 - ``loop``: the ``Loop`` itself; ``block``: a block of steps, eager or compiled (one function);

@@ -17,8 +17,9 @@ block's clocks t_k (``clocks``: rounded as the step's own t + dt), checked befor
 stops before the first step whose state's rate is not a finite number >= 0); so one kernel serves every
 learning rate and schedule.
 
-The same function runs eagerly (``graphs.run_block``) or compiled into one kernel
-(``kernels.block_kernel``): the route changes the speed, never what is computed (to rounding). A gradient
+The same function runs eagerly (``graphs.run_block``) or compiled into one kernel (``kernels.block_kernel``;
+``Block.compiled`` says which, and the loop sets it when the kernel is ready): compiling changes the speed,
+never what is computed (to rounding). A gradient
 hook (a collective between the two halves of a step) makes the step ``propagate``, the hook, ``update``,
 each half compiled on its own where the run compiles; its block runs eagerly between them.
 """
@@ -32,7 +33,7 @@ import numpy as np
 import optree
 import torch
 
-from ..compile import graphs, route
+from ..compile import graphs
 from ..compile.kernels import Kernel, block_kernel, function_kernel
 from ..compile.options import Compile
 from ..core._checks import good_rates
@@ -113,11 +114,6 @@ def zero_info(state: State) -> StepInfo:
     )
 
 
-def signature_key(stepping: Stepping, options: Compile) -> str:
-    """What a compiled kernel of the step depends on besides the counted step's calls and shapes (``route``)."""
-    return f"{float(stepping.dt)!r}|{options.unroll}|{options.route}|{stepping.reduce is not None}"
-
-
 class Block:
     """The steps of one run as blocks: ``block(carry, dw, start, count, alive) -> Outcome``, eager or compiled.
 
@@ -138,15 +134,16 @@ class Block:
         every: int,
         check_every: int,
         options: Compile,
-        compiled: bool,
     ) -> None:
         s, state = stepping, carry.state
-        self.stepping, self.chunk, self.compiled, self.options = stepping, chunk, compiled, options
+        self.stepping, self.chunk, self.options = stepping, chunk, options
         self.every, self.check_every = every, check_every
         template = (state, torch.zeros(state.t.shape, dtype=torch.float64, device=state.x.device), zero_info(state))
         carry_leaves, spec = optree.tree_flatten(template)  # type: ignore[arg-type,var-annotated]
         size = self.size = len(carry_leaves)
-        advance = self._advance(options if compiled else None, template)
+        # with a gradient hook the step's two halves are compiled apart (compile=True), the block eager between them
+        self.compiled = options.enabled is True and s.reduce is not None
+        advance = self._advance(options if self.compiled else None, template)
 
         def tree_body(carry: tuple, dw: Any, alpha: Any, alive: Any) -> tuple:
             current, total, _ = carry
@@ -177,12 +174,13 @@ class Block:
         self.seen = graphs.Packing.of(tuple(seen))
         self.capacity = chunk // every + 2
         self.kernel: Kernel | None = None
-        if compiled and s.reduce is None:
+
+        def kernel() -> Kernel:
             alive = torch.ones(state.t.shape if members else (), dtype=torch.bool, device=state.x.device)
             dw = torch.zeros((chunk, *s.problem.noise_shape(state)), dtype=state.x.dtype, device=state.x.device)
             blocks = self._blocks(dw, 0, 0, rates(s.schedule, state.t, s.dt, 0))
             grids = [torch.tensor(v, dtype=torch.int64) for v in (chunk, 0, 0, every, check_every)]
-            self.kernel = block_kernel(
+            return block_kernel(
                 self.body,
                 check,
                 observe,
@@ -194,18 +192,19 @@ class Block:
                 wrap=flat_body,
             )
 
-    @property
-    def route(self) -> str:
-        """ "eager", or the compiled route: "aot" (AOTInductor) or "dynamo" (``torch.compile``)."""
-        if not self.compiled:
-            return "eager"
-        return self.kernel.route if self.kernel is not None else self.stepping_route
+        self._kernel = kernel
+
+    def build_kernel(self) -> Kernel:
+        """The block's kernel (``kernels.block_kernel``: traced, its package not yet loaded or compiled), built once;
+        the block steps through it once ``compiled`` is set. Not for a step with a gradient hook."""
+        if self.kernel is None:
+            self.kernel = self._kernel()
+        return self.kernel
 
     def _advance(self, options: Compile | None, template: tuple) -> Callable[..., tuple[State, StepInfo]]:
         """The step: ``advance``; with a gradient hook its two halves around the hook, compiled apart when
         ``options`` are given (the hook's collective cannot be in a kernel)."""
         s = self.stepping
-        self.stepping_route = "eager"
         if s.reduce is None:
             return lambda state, dw, alpha: s.problem.advance(state, dw, s.dt, alpha, s.plan)
         reduce = s.reduce
@@ -226,7 +225,6 @@ class Block:
                 options=options,
                 what="the parameter update",
             )
-            self.stepping_route = propagate.route
 
         def advance(state: State, dw: torch.Tensor, alpha: torch.Tensor) -> tuple[State, StepInfo]:
             moved, info = propagate(state, dw)
@@ -243,19 +241,15 @@ class Block:
         table[start : start + count] = alphas[:count]
         return dw, table
 
-    def step_eagerly(self, carry: Carry, dw: torch.Tensor, alive: torch.Tensor, count: bool = False) -> Any:
+    def step_eagerly(self, carry: Carry, dw: torch.Tensor, alive: torch.Tensor) -> tuple[Carry, bool]:
         """One step from ``carry`` with the increments ``dw`` (one row), eagerly, and its check: (the carry after
-        it, ok); with ``count``, the step (not its check) counted (``route.count_step``): ((carry, ok), its
-        ``route.StepCost``)."""
+        it, ok)."""
         s = self.stepping
         alpha = rates(s.schedule, carry.state.t, s.dt, 0)[0]
-        flat = self._flat(carry)
-        step = lambda: self.body(*flat, dw, alpha, alive)
-        out, cost = route.count_step(step, key=signature_key(s, self.options)) if count else (step(), None)
+        out = self.body(*self._flat(carry), dw, alpha, alive)
         unpacked: Any = optree.tree_unflatten(self.spec, list(out))
         state, total, info = unpacked
-        after = (Carry(state, carry.n + 1, total, info), bool(self.check(*out, alive)))
-        return (after, cost) if count else after
+        return Carry(state, carry.n + 1, total, info), bool(self.check(*out, alive))
 
     def _flat(self, carry: Carry) -> list[torch.Tensor]:
         info = carry.info if carry.info is not None else zero_info(carry.state)
@@ -269,7 +263,7 @@ class Block:
         count = count if bad_rate is None else bad_rate - carry.n - 1
         blocks, flat = self._blocks(dw, start, count, alphas), tuple(self._flat(carry))
         at = graphs.Grids(count, start, carry.n, self.every, self.check_every)
-        if self.kernel is not None:
+        if self.kernel is not None and self.compiled:
             out = self.kernel(*[torch.tensor(v) for v in at], alive, blocks, flat)
         else:
             out = graphs.run_block(self.body, self.check, self.observe, self.capacity, at, blocks, alive, flat)
@@ -301,4 +295,4 @@ def _observed(problem: Trainable, carry: tuple, record: Callable[[State], Any]) 
     return seen
 
 
-__all__ = ["Block", "Carry", "Outcome", "Stepping", "clocks", "rates", "signature_key", "zero_info"]
+__all__ = ["Block", "Carry", "Outcome", "Stepping", "clocks", "rates", "zero_info"]

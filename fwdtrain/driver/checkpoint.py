@@ -375,7 +375,7 @@ def _check_history(history: Any) -> History | None:
             isinstance(noise, dict) and len(noise) == 1 and isinstance(next(iter(noise.values())), dict)
         ):
             raise _Invalid("history['carry']['noise'] must be {kind: state} for one noise source")
-    for name in ("interrupted", "compiled"):
+    for name in ("interrupted", "compiled", "compiled_from"):
         if history.get(name) is not None:
             _tensor(history[name], f"history[{name!r}]", ndim=0)
     return History(**history)

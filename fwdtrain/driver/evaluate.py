@@ -80,8 +80,8 @@ def stationary_cost(
         burn_in: Steps left out of the average at the start (default 2,000).
         seed: Seed of the evaluation's own noise generator.
         solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
-        compile: As for ``run``: ``"auto"`` compiles the loop when the evaluation is long enough to repay
-            it (the rule of ``fwdtrain.compile.route``).
+        compile: As for ``run``: ``"auto"`` steps eagerly and, for an evaluation past ``Compile(after=...)``
+            steps, loads its kernel or compiles it beside (``fwdtrain.Compile``).
 
     Returns:
         ``CostEstimate(mean, stderr)``, the standard error over particles.

@@ -4,7 +4,6 @@ A hook subclasses ``Hook`` and overrides what it needs; the loop calls, in this 
 
     start(loop)               before the first step (probe a path, open a bar); may raise, nothing stepped yet
     reduce(gradient)          between the two halves of every step (``reduces_gradient = True``)
-    agree(choice) -> choice   once, when ``compile="auto"`` has chosen eager or compiled (a group agrees here)
     checked(loop, ok) -> ok   at the Checks(every) grid, on the checked state (a group agrees on its ranks' checks)
     record(values) -> values  on every record before it is kept (a group averages its costs here)
     at(loop)                  at every multiple of ``every`` steps (a block ends there), after its records
@@ -62,7 +61,7 @@ class RunView(Protocol):
 
     @property
     def route(self) -> Any:
-        """How the steps are computed and why (``fwdtrain.compile.route.Route``); None until chosen."""
+        """ "compiled" or "eager": how the next block runs."""
 
 
 class Hook:
@@ -78,11 +77,6 @@ class Hook:
     def reduce(self, gradient: Any) -> Any:
         """The gradient used for the update (called only when ``reduces_gradient``)."""
         return gradient
-
-    def agree(self, choice: bool) -> bool:
-        """A choice every process of a run must share (``compile="auto"``'s), returned as it is or agreed
-        (a group: rank 0's, on every rank)."""
-        return choice
 
     def checked(self, loop: RunView, ok: torch.Tensor) -> torch.Tensor:
         """After a divergence check of ``loop.carry.state``: ``ok`` the flags (0-d, or (E,) per member) that the
@@ -175,11 +169,11 @@ class Progress(Hook):
     def __init__(self, every: int = 256, enabled: bool | None = True) -> None:
         self.every = _checks.check_count(every, "Progress(every=...)")
         self.enabled = enabled
-        self.shown, self.told = False, False  # the bar is open; the route's line is written
+        self.shown = False  # the bar is open
         self.bar: Any = None  # a tqdm bar, or None for the carriage-return line
 
     def start(self, loop: RunView) -> None:
-        self.shown, self.told = progress_enabled(self.enabled) and loop.end > loop.carry.n, False
+        self.shown = progress_enabled(self.enabled) and loop.end > loop.carry.n
         if not self.shown:
             return
         self.first, self.total, self.last, self.clock = (
@@ -198,13 +192,6 @@ class Progress(Hook):
     def at(self, loop: RunView) -> None:
         if not self.shown:
             return
-        if not self.told and loop.route is not None:  # one line: the route the run takes, and why
-            self.told = True
-            line = f"fwdtrain: steps {loop.route}"
-            if self.bar is None:
-                sys.stderr.write(f"{line}\n")
-            else:
-                self.bar.write(line, file=sys.stderr)
         n, cost = loop.carry.n, float(loop.running_cost())
         if self.bar is None:
             rate = (n - self.first) / max(time.perf_counter() - self.clock, 1e-9)

@@ -12,15 +12,14 @@ goes on with the others. Python runs once per block, not per step.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import _compat
-from ..compile import route
 from ..compile.options import Compile
-from ..compile.route import Route, StepCost
 from ..core import _checks
 from ..core.errors import DivergenceError
 from ..core.history import History, Records, build, empty_records, last_step
@@ -29,7 +28,7 @@ from ..core.schedules import Schedule
 from ..core.state import State
 from ..optim import Average
 from ..problems.trainable import Trainable
-from .block import Block, Carry, Outcome, Stepping, rates
+from .block import Block, Carry, Outcome, Stepping
 from .hooks import Hook
 from .options import Checks, SaveAt
 
@@ -75,9 +74,10 @@ class Loop:
     """A run's loop from ``driver.runner.setup``; ``advance_to(n)`` steps it to step n and it can be advanced again.
 
     ``carry`` is where it stands (every step of it checked); records are kept as they are taken and ``history()``
-    stacks them. ``block`` is the run's ``Block``; with ``compile="auto"`` it is built at the first step, on the
-    route the rule chooses (``route.choose``, agreed by the hooks: a group takes rank 0's), from the step's
-    ``route.StepCost``: the one a continued run's history carries, else the first step's, taken eagerly and counted.
+    stacks them. ``block`` is the run's ``Block``, eager until it switches to its kernel (``_tier``, before each
+    block): at once with ``compile=True`` or a kernel on disk, else, for a run that reaches step
+    ``Compile.after``, at the first block after the kernel's background compile is ready (``compiled_from``:
+    the step it switched at).
     """
 
     def __init__(
@@ -94,12 +94,10 @@ class Loop:
         previous: History | None,
         options: Compile,
         lr: Any,
-        cost: StepCost | None = None,
     ) -> None:
         self.problem, self.stepping, self.source = problem, stepping, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
-        self.previous, self.lr, self.options, self.cost = previous, lr, options, cost
-        self.kernel_events = route.kernel_events()  # kernels compiled or loaded before this run
+        self.previous, self.lr, self.options = previous, lr, options
         self.chunk = options.chunk  # steps of noise drawn at once: the longest block
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
@@ -127,27 +125,66 @@ class Loop:
                 )
         # hooks that agree on checks (a group) are asked at the ``Checks`` grid; others only at their own turns
         self.group_checks = any(type(hook).checked is not Hook.checked for hook in hooks)
-        self.decision: Route | None = None if options.enabled == "auto" else route.fixed(options.enabled is True)
-        self.block: Block | None = None if options.enabled == "auto" else self._block(options.enabled is True)
-
-    def _block(self, compiled: bool) -> Block:
-        return Block(
-            self.stepping,
-            self.carry,
-            bound=self.checks.bound,
+        self.block = Block(
+            stepping,
+            carry,
+            bound=checks.bound,
             record=self.record_state,
             members=self.members is not None,
             chunk=self.chunk,
-            every=self.save.every,
-            check_every=self.checks.every,
-            options=self.options._replace(enabled=compiled),
-            compiled=compiled,
+            every=save.every,
+            check_every=checks.every,
+            options=options,
         )
+        self.compiled_from: int | None = carry.n if self.block.compiled else None
+        self.tier = "compiled" if self.block.compiled else "new"  # "new", "compiling", "eager" or "compiled"
 
     @property
-    def route(self) -> Route | None:
-        """How the steps are computed and why (``compile.route``); None while ``compile="auto"`` has not chosen."""
-        return self.decision
+    def route(self) -> str:
+        """ "compiled" or "eager": how the next block runs."""
+        return "compiled" if self.block.compiled else "eager"
+
+    def _tier(self) -> None:
+        """Before a block: the run's first block switches to the kernel with ``compile=True`` (compiled first where
+        not on disk) and, by default, where the run reaches step ``Compile.after`` and the kernel is on disk, else
+        it starts the kernel's compile in the background; a later block switches once that compile is ready (not
+        with ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
+        options, tier = self.options, self.tier
+        if tier == "new":
+            auto = options.enabled == "auto" and options.route == "aot"
+            if (
+                options.enabled is False
+                or self.stepping.reduce is not None
+                or (auto and self.end < (options.after or 0))
+            ):
+                self.tier = "eager"
+                return
+            kernel = self.block.build_kernel()
+            if not auto or kernel.loaded():
+                self._switch()
+                return
+            if kernel.package is None:
+                self._stay_eager(f"the step could not be traced ({kernel.failure})")
+                return
+            kernel.package.start("in the background, the run stepping eagerly meanwhile")
+            self.tier = "compiling"
+        elif tier == "compiling":
+            package = self.block.kernel.package if self.block.kernel is not None else None
+            failure = package.poll() if package is not None else "no package"
+            if failure is None:
+                if options.switch:
+                    self._switch()
+                else:
+                    self.tier = "eager"
+            elif failure:
+                self._stay_eager(f"the background compile of the step failed ({failure})")
+
+    def _switch(self) -> None:
+        self.block.compiled, self.tier, self.compiled_from = True, "compiled", self.carry.n
+
+    def _stay_eager(self, reason: str) -> None:
+        self.tier = "eager"
+        warnings.warn(f"fwdtrain: {reason}; the run goes on eagerly", RuntimeWarning, stacklevel=5)
 
     @property
     def alive(self) -> torch.Tensor:
@@ -211,8 +248,6 @@ class Loop:
             "window_start": torch.tensor(self.window[0], dtype=torch.int64),
             "window_total": self.window[1],
         }
-        if self.cost is not None:  # "auto"'s counted step: a continued run need not count again
-            carried.update(route.as_carry(self.cost))
         alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(
             self.records,
@@ -225,7 +260,8 @@ class Loop:
             empty_average=self.empty_average,
             diverged=None if alive is None else ~alive,
             frozen_at=frozen_at,
-            compiled=None if self.route is None else self.route.compiled,
+            compiled=None if c.n == self.start else self.block.compiled,
+            compiled_from=self.compiled_from if c.n > self.start else None,
         )
 
     # ---- checks ----
@@ -351,12 +387,10 @@ class Loop:
             dw = self.source.draw(min(self.chunk, stop - self.carry.n))
             first = self.carry.n
             while (i := self.carry.n - first) < len(dw):
-                if self.block is None:
-                    self._choose(dw[i])  # "auto": may take the first step, counted
-                assert self.block is not None
-                if self.carry.n == first + i:
-                    count = min(next_event - self.carry.n, len(dw) - i)
-                    self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i)
+                if self.tier in ("new", "compiling"):
+                    self._tier()
+                count = min(next_event - self.carry.n, len(dw) - i)
+                self._settle(self.block(self.carry, dw, i, count, self.alive), dw, i)
                 if self.carry.n == next_event:
                     self._on_event()
                     next_event = self.next_event(self.carry.n, stop)
@@ -384,7 +418,6 @@ class Loop:
         members, freeze those that failed and go on. Where every step passes (a compiled stage that blew up
         where the eager steps, which differ by rounding, do not: a run at the edge of diverging parts ways), the
         run goes on from the eager steps, the stage's record taken."""
-        assert self.block is not None
         for index in range(row, end):
             after, ok = self.block.step_eagerly(self.carry, dw[index], self.alive)
             if not ok:
@@ -396,41 +429,6 @@ class Loop:
             self._keep(after)
         if self.carry.n % self.save.every == 0:
             self.record_now()
-
-    def _choose(self, dw: torch.Tensor) -> None:
-        """``compile="auto"``: the route of the rule, from the history's counted step or from the run's first
-        step, taken here eagerly and counted (kept when it passes its check). Builds ``block``."""
-        eager = self._block(False) if self.cost is None else None  # built only to count, or when chosen
-        taken = None
-        if eager is not None:
-            (taken, ok), self.cost = eager.step_eagerly(self.carry, dw, self.alive, count=True)
-        cost = self.cost
-        assert cost is not None
-        steps = self.end - self.carry.n
-        decision = route.choose(
-            cost, steps, self.start, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost)
-        )
-        compiling = decision.compiled
-        for hook in self.hooks:  # a group takes rank 0's choice
-            compiling = hook.agree(compiling)
-        self.decision = decision if compiling == decision.compiled else decision._replace(compiled=compiling)
-        self.block = self._block(True) if compiling else eager or self._block(False)
-        if taken is None:
-            return
-        if not ok:
-            self._find_failure(dw.unsqueeze(0), 0, 1)
-            return
-        if not bool(_checks.good_rates(rates(self.stepping.schedule, taken.state.t, self.stepping.dt, 0)).all()):
-            raise self.bad_rate(taken.n)
-        self._keep(taken)
-        if taken.n % self.save.every == 0:
-            self.record_now()
-
-    def counted_step(self, dw: torch.Tensor) -> StepCost:
-        """The ``route.StepCost`` of one eager step from the current carry (its result dropped)."""
-        eager = self.block if self.block is not None and not self.block.compiled else self._block(False)
-        _, cost = eager.step_eagerly(self.carry, dw, self.alive, count=True)
-        return cost
 
 
 __all__ = ["Carry", "Loop", "check_learning_rate"]

@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..compile import route
 from ..compile.options import Compile, as_compile
 from ..core import _checks
 from ..core.history import History
@@ -135,7 +134,6 @@ def setup(
         previous=history,
         options=options,
         lr=lr,
-        cost=route.from_carry(history.carry) if history is not None else None,
     )
     for hook in hooks:
         hook.start(loop)
@@ -232,15 +230,9 @@ def choose_route(
     solver: Solver | str | None = None,
     optimizer: GradientTransformation | None = None,
     compile: Compile | bool | str = "auto",
-) -> route.Route:
-    """The route ``run`` would take with these arguments, and why, without running: eager or compiled steps.
-
-    With ``compile="auto"`` one step is taken eagerly and counted, as ``run`` does (its result is dropped: the
-    start is not changed), and the rule of ``fwdtrain.compile.route`` is applied to the count, the steps
-    (``steps`` and those a continued ``start`` took) and whether the step's kernel is on disk.
-
-    Returns:
-        A ``Route(compiled, reason, eager_s, compiled_s)``; ``str(route)`` is the line ``Progress`` shows.
+) -> str:
+    """How ``run`` would take its first steps with these arguments, in one line, without stepping: "compiled"
+    (``compile=True``, or the kernel's package on disk, found by its own key) or "eager" (and why).
 
     Raises:
         TypeError, ValueError: As ``fwdtrain.run``, for bad input.
@@ -248,34 +240,16 @@ def choose_route(
     loop = setup(
         problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, compile=compile, save=None, hooks=()
     )
-    if loop.route is not None:  # compile=True or False
-        return loop.route
-    if steps == 0:
-        return route.Route(False, "no steps to take")
-    cost = loop.cost if loop.cost is not None else loop.counted_step(loop.source.draw(1)[0])
-    return route.choose(cost, steps, loop.start, route.on_disk(cost), route.compiler_set_up(), route.eager_spent(cost))
-
-
-def _leave_marker(loop: Loop) -> None:
-    """What a later ``compile="auto"`` run of this step reads in the cache: after a compiled run, the marker of its
-    kernel on disk (``route.mark_built``: from "auto"'s counted step, or, for a ``compile=True`` run that compiled
-    or loaded its kernel, one eager step counted on the side, its result dropped; nothing where a gradient hook's
-    collectives would run again); after an "auto" run kept eager, the eager steps it spent (``route.spend_eager``)."""
-    if loop.route is None:
-        return
-    auto = loop.options.enabled == "auto"
-    if not loop.route.compiled:
-        if auto and loop.cost is not None:
-            route.spend_eager(loop.cost, loop.carry.n - loop.start)  # what a later launch weighs
-        return
-    cost = loop.cost if auto else None
-    readied = route.kernel_events() > loop.kernel_events  # this run compiled or loaded a kernel
-    if cost is None and loop.stepping.reduce is None and readied:
-        state = loop.carry.state
-        dw = torch.zeros(loop.problem.noise_shape(state), dtype=state.x.dtype, device=state.x.device)
-        cost = loop.counted_step(dw)
-    if cost is not None:
-        route.mark_built(cost)
+    options = loop.options
+    if options.enabled is False or (loop.stepping.reduce is not None and options.enabled == "auto"):
+        return "eager (compile=False)" if options.enabled is False else "eager (a gradient hook: compile=True compiles)"
+    if options.enabled is True or options.route == "dynamo":
+        return "compiled (compile=True)"
+    if loop.end < (options.after or 0):  # as_compile has set it
+        return f"eager (the run ends before step {options.after}, Compile(after=...))"
+    if loop.block.build_kernel().loaded():
+        return "compiled (the kernel is on disk)"
+    return "eager, compiling its kernel in the background (no kernel on disk)"
 
 
 def execute(loop: Loop) -> Run:
@@ -297,7 +271,6 @@ def execute(loop: Loop) -> Run:
         interrupted = True
         loop.check()  # DivergenceError if it diverged (with members: freezes those that did)
         loop.record_now()
-    _leave_marker(loop)
     previous = loop.previous
     if loop.carry.n == loop.start and previous is not None:
         result = Run(loop.carry.state, previous._replace(interrupted=torch.tensor(interrupted)))

@@ -38,7 +38,7 @@ from ..core.solvers import EULER, Solver, as_solver
 from ..core.state import State, noise_dim
 from ..core.state import init as init_state
 from ..core.step import LearningRate, StepInfo, learning_rate, particle_terms
-from ..optim import GradientTransformation
+from ..optim import GradientTransformation, check_optimizer
 from .cost import check_solver, check_step_inputs, nonfinite_part
 from .trainable import Trainable
 
@@ -157,13 +157,10 @@ def calibration(
             f"targets must be a non-empty 1-d tensor (one per observable), got shape {tuple(targets.shape)}"
         )
     weights = torch.ones_like(targets) if weights is None else torch.as_tensor(weights, dtype=targets.dtype)
+    check_optimizer(optimizer)
     if weights.shape != targets.shape or bool((weights < 0).any()):
         raise ValueError(
             f"weights must be non-negative with the shape of targets {tuple(targets.shape)}, got {weights.tolist()}"
-        )
-    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(
-            f"optimizer must be a fwdtrain.optim.GradientTransformation or None, got {type(optimizer).__name__}"
         )
     return Calibration(SDE(drift, diffusion, _zero_cost), observables, targets, weights, as_solver(solver), optimizer)
 

@@ -10,13 +10,13 @@ here are those of the public step (``fwdtrain.problems.prepared``).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.func import vmap
 
+from ..compile import cache
 from ..core import _checks
 from ..core._tree import leaves, leaves_with_paths
 from ..core.problem import SDE
@@ -89,10 +89,6 @@ def check_training_state(state: State, optimizer: GradientTransformation | None)
     check_average(state.average, state.theta)
 
 
-_VERIFIED: weakref.WeakKeyDictionary[SDE, set[Solver]] = weakref.WeakKeyDictionary()
-_FITTED: weakref.WeakKeyDictionary[SDE, set[tuple]] = weakref.WeakKeyDictionary()
-
-
 def check_fit(sde: SDE, state: State) -> None:
     """Check the coefficients' shapes, dtypes and device at one particle of ``state`` (``evaluate_once``), once per
     (sde, shapes of x and theta, dtype): a state made for another SDE is refused with what does not fit, before
@@ -105,10 +101,10 @@ def check_fit(sde: SDE, state: State) -> None:
         state.x.device,
         *(tuple(leaf.shape) for leaf in leaves(state.theta)),
     )
-    done = _FITTED.setdefault(sde, set())
-    if signature not in done:
+    done = cache.checked(sde)
+    if ("fit", signature) not in done:
         evaluate_once(sde, state.theta, state.x[0], name="state.x[0]")
-        done.add(signature)
+        done.add(("fit", signature))
 
 
 def check_solver(solver: Solver, sde: SDE, theta: Any, x: torch.Tensor) -> None:
@@ -117,10 +113,10 @@ def check_solver(solver: Solver, sde: SDE, theta: Any, x: torch.Tensor) -> None:
     solver.check_shape(sde.diffusion(theta, x), sde.noise_type)
     if not (_checks.is_concrete(x) and all(_checks.is_concrete(leaf) for leaf in leaves(theta))):
         return
-    done = _VERIFIED.setdefault(sde, set())
-    if solver not in done:
+    done = cache.checked(sde)
+    if ("solver", solver) not in done:
         solver.check(sde, theta, x)
-        done.add(solver)
+        done.add(("solver", solver))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from ..core.sensitivity import MODES, Mode, Plan
 from ..core.solvers import Solver, as_solver
 from ..core.state import State
 from ..core.step import LearningRate, StepInfo, learning_rate
-from ..optim import GradientTransformation
+from ..optim import GradientTransformation, check_optimizer
 from .cost import CostForm, check_fit, check_solver, check_step_inputs, explain_failure
 from .vmapped import batched_call
 
@@ -239,11 +239,7 @@ def jit_step(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     solver = as_solver(solver)
-    if optimizer is not None and not isinstance(optimizer, GradientTransformation):
-        raise TypeError(
-            f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. fwdtrain.optim.adam()) "
-            f"or None, got {type(optimizer).__name__}"
-        )
+    check_optimizer(optimizer)
     compiling = as_compile(compile)
     if compiling.enabled == "auto":
         raise ValueError('jit_step(compile="auto") is not a choice for one step: pass True, False or a Compile')

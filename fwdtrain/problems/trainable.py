@@ -35,7 +35,7 @@ from ..core.schedules import Schedule
 from ..core.solvers import Solver, as_solver
 from ..core.state import State
 from ..core.step import GradientReduce, LearningRate, StepInfo, update_parameters
-from ..optim import GradientTransformation
+from ..optim import GradientTransformation, check_optimizer
 
 AnyState = Any  # a ``State``, or the state kind of the problem (``Trainable.state_kind``): a NamedTuple with x,
 # theta, t and average (None where there is none) that the problem's own methods read
@@ -98,12 +98,7 @@ class Trainable(abc.ABC):
     ) -> Trainable:
         """This problem with ``solver`` and ``optimizer`` bound (None keeps the problem's own)."""
         changes: dict[str, Any] = {}
-        if optimizer is not None:
-            if not isinstance(optimizer, GradientTransformation):
-                raise TypeError(
-                    f"optimizer must be a fwdtrain.optim.GradientTransformation (e.g. "
-                    f"fwdtrain.optim.adam()) or None, got {type(optimizer).__name__}"
-                )
+        if check_optimizer(optimizer) is not None:
             changes["optimizer"] = optimizer
         if solver is not None:
             solver = as_solver(solver)
