@@ -207,15 +207,6 @@ def _probe_file() -> Path:
     return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ".")) / "isa.json"
 
 
-def compiler_set_up(folder: Path) -> bool:
-    """Whether inductor has been set up in the caches a compile would use (``use_cache_folders``): its
-    instruction-set probe recorded there (``record_probe``), which comes with its precompiled headers."""
-    folders = [folder / "inductor"]  # without importing inductor (which imports dynamo: seconds)
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        folders.append(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
-    return any((candidate / "isa.json").is_file() for candidate in folders)
-
-
 def skip_known_probe(machine: str) -> bool:
     """If this machine's instruction-set probe passed before (``record_probe``), tell inductor so; whether it
     had (False: this compile also pays the machine's one-time set-up, the probe and precompiled headers)."""

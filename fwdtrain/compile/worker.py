@@ -2,7 +2,8 @@
 
 ``JOB`` holds what ``kernels._Package.start`` saved: the traced module (plain ATen graphs and ``graphs.BlockLoop``,
 no closure), its example inputs and inductor's options. The worker exports the module (``torch.export``), compiles
-it with AOTInductor into a temporary file and renames it to ``PACKAGE`` (a crash never leaves half a package),
+it with AOTInductor (on a machine's first compile without precompiled headers: ``_compat.shorter_first_compile``)
+into a temporary file and renames it to ``PACKAGE`` (a crash never leaves half a package),
 prunes the cache to its cap and removes ``JOB``. A failure's last line on stderr says why (the parent warns with
 it). Started detached: a run that ends first leaves the compile to finish for the next launch.
 """
@@ -35,6 +36,7 @@ def compile_job(job: Path, package: Path) -> None:
     _compat.use_cache_folders(cache.cache_dir())
     machine = cache.machine()
     _compat.skip_known_probe(machine)
+    options = {**options, **_compat.shorter_first_compile()}  # after the key: the package is the same either way
     temporary = cache.writable_temporary(package)
     try:
         _compat.aot_compile(module, tuple(example), temporary, options)
