@@ -131,3 +131,14 @@ def test_the_rate_function_is_transformable_by_grad_and_vmap():
     lowered = {**theta, "bias1": theta["bias1"] - h}
     central = (total(shifted, states[0]) - total(lowered, states[0])) / (2 * h)
     assert float(by_theta["bias1"].sum()) == pytest.approx(float(central), rel=1e-7)
+
+
+def test_the_bound_holds_at_any_state_and_simulate_draws_from_the_model():
+    model = neural_intensity(2, hidden=5, seed=2)
+    theta = model.start(_marked())
+    theta = {name: value + 0.5 for name, value in theta.items()}
+    states = 10 * torch.rand(50, model.state_size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    bound = model.bound(theta, states[0], 1.0)
+    assert bool((vmap(model.rate, in_dims=(None, 0))(theta, states) <= bound).all())
+    drawn = pp.simulate(model, theta, 50.0, seed=3)
+    assert drawn.events > 20 and set(drawn.types[drawn.mask].tolist()) == {0, 1}
