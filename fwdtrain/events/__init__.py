@@ -5,7 +5,8 @@
 log-likelihood with no grid), ``fitting`` (batch MLE and online fits, standard errors), ``newton`` (the projected
 Newton), ``online`` (the second-order online fit), ``rescaling`` (time-rescaling residuals), ``thinning``
 (simulation), ``diagnostics`` (log L of any events, AIC/BIC, the intensity on a grid, branching matrix),
-``synthetic`` (a simulated LOBSTER message file).
+``neural`` (a neural intensity of decayed counts at several scales), ``synthetic`` (a simulated LOBSTER
+message file).
 """
 
 from . import synthetic
@@ -26,6 +27,7 @@ from .models import (
     pack,
     unpack,
 )
+from .neural import neural_intensity
 from .rescaling import Goodness, goodness, ks_exponential, qq_plot, tie_threshold
 from .thinning import simulate
 
@@ -54,6 +56,7 @@ __all__ = [
     "ks_exponential",
     "log_likelihood",
     "merge_fills",
+    "neural_intensity",
     "order_book",
     "pack",
     "prepare",
