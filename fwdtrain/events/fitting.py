@@ -7,8 +7,8 @@ Hawkes adjacency, as they are, with a bound at 0 that Newton respects by project
   (Levenberg) until the step stops (``newton.projected_newton``); or L-BFGS (``solver="lbfgs"``). The result
   says whether the solver converged; ``fit`` warns when it did not or when a standard error is NaN.
 - online: one pass over the events in blocks, a second-order (recursive Newton) update after each block from
-  the block's score and Fisher information, continued over new events from the previous fit's state
-  (``events.online``).
+  the block's score and Fisher information, the first blocks' models taken again about later estimates (so a
+  far start does not bias the end), continued over new events from the previous fit's state (``events.online``).
 
 Standard errors (batch): sqrt(diag(I^-1)), I = -d^2 log L / dtheta^2 the observed information in natural units at the
 estimate, from the same pass as the Hessian in u: with theta = exp(u) for a positive parameter,

@@ -30,9 +30,16 @@ concatenated events of one realization and equals it; the result of each call al
 block, as an update on top of the kept state. (With R realizations the blocks are columns of the padded layout,
 so a split leaves the result within the pass's noise of one pass, not equal to it.)
 
-The models are taken where the pass stood, so the start must be within reach of the MLE (a decay within a factor
-of a few): from a decay 20 to 50 times too small, the first blocks' models, taken far away, bias the end by many
-standard errors. A batch fit of a first stretch of the events is such a start.
+The models are taken where the pass stood, and from a far start (a decay 25 to 75 times the default's, the
+event rate) the first blocks' models, taken far from the MLE, would bias the end by 9 to 30 standard errors. So
+the first blocks' models are taken again: after block n = 1, 2, 4, ..., ``PREFIX_BLOCKS``, one pass over all the
+blocks so far at the present estimate u (from the origin: Y = 0, dY/du = 0) gives their scores and information
+about u, and A, b, Y and dY/du are replaced by theirs; the maximiser of that sum is a Newton step of the
+prefix's log L from u, repeated while it moves u by more than ``SETTLED`` (at most ``RELINEARISATIONS``). The
+prefix's models then sit about one estimate from half the prefix or more, the later blocks' about estimates
+that have settled; the cost is at most twice the prefix's blocks per repetition, once, and the state keeps the
+prefix's events only until ``PREFIX_BLOCKS``. The decisions depend only on the block count, so a continued fit
+still walks as one pass does.
 
 The result's information is A in natural units (without the prior), its standard errors sqrt(diag(A^-1)); its
 log-likelihood is the prequential sum_m log L_m(u_m) of the pass (each block at the estimate of its time).
@@ -52,6 +59,14 @@ from .models import AdditiveModel, EventModel, GeneralModel, pack, unpack
 from .newton import project, projected_newton
 
 
+class Origin(NamedTuple):
+    """The pass before any event: the start u_0 (the prior's centre), the carry and its sensitivity."""
+
+    u: torch.Tensor
+    carry: Carry
+    tangents: tuple[torch.Tensor, ...]
+
+
 class OnlineState(NamedTuple):
     """Where an online pass stands after its last whole block: the estimate u (p,), the quadratic model's A (p, p)
     (prior included) and b (p,) (its maximiser solves A u = b), the carried model state and its sensitivity dY/du,
@@ -68,6 +83,8 @@ class OnlineState(NamedTuple):
     log_likelihood: float
     prior: float
     pending: Piece | None = None  # the events after the last whole block, not yet in u, A and b
+    origin: Origin | None = None  # the pass before any event: the models of its first blocks are taken again
+    prefix: tuple[Piece, ...] = ()  # the blocks so far, while their models may still be taken again
 
 
 class Block(NamedTuple):
@@ -123,6 +140,7 @@ def begin(model: EventModel, prepared: Prepared, start: dict[str, Any], prior: f
         blocks=0,
         log_likelihood=0.0,
         prior=prior,
+        origin=Origin(u=u, carry=carry, tangents=tangents),
     )
 
 
@@ -205,38 +223,78 @@ def walk(
     return kept._replace(pending=_take(events, whole, n)), final, path + last
 
 
+def _maximise(
+    information: torch.Tensor, target: torch.Tensor, u: torch.Tensor, bounded: torch.Tensor, radius: float
+) -> torch.Tensor:
+    """argmax over u >= bounds of b'w - w'Aw/2, the move from u capped at ``radius`` per entry."""
+    quadratic = lambda w: target @ w - w @ information @ w / 2
+    derivatives = lambda w: (target - information @ w, -information)
+    best = projected_newton(quadratic, derivatives, u, bounded, iterations=50, tolerance=1e-12).x
+    return project(u + (best - u).clamp(-radius, radius), bounded)
+
+
+def _relinearise(model: EventModel, state: OnlineState, bounded: torch.Tensor, radius: float) -> OnlineState:
+    """The prefix's models all taken again about the present estimate u (one pass over the prefix at u from the
+    origin) and the bounded maximiser of their sum, a Newton step of the prefix's log L from u, repeated while it
+    moves u by more than ``SETTLED``: A, b, the carry and its sensitivity are replaced, the prequential log L kept."""
+    assert state.origin is not None
+    origin = state.origin
+    eye = torch.eye(state.u.numel(), dtype=state.u.dtype)
+    for _ in range(RELINEARISATIONS):
+        u, carry, tangents = state.u, origin.carry, origin.tangents
+        information, target = state.prior * eye, state.prior * origin.u
+        for piece in state.prefix:
+            step = block_step(model, piece, u, carry, tangents)
+            carry, tangents = step.carry, step.tangents
+            information = information + step.fisher
+            target = target + step.score + step.fisher @ u
+        state = state._replace(
+            u=_maximise(information, target, u, bounded, radius),
+            information=information,
+            target=target,
+            carry=carry,
+            tangents=tangents,
+        )
+        if float((state.u - u).abs().max()) < SETTLED:
+            break
+    return state
+
+
 def advance(
     model: EventModel, events: Piece, state: OnlineState, bounded: torch.Tensor, block: int, radius: float
 ) -> tuple[OnlineState, list[torch.Tensor]]:
-    """The blocks of ``events`` from ``state``: (the state after them, the estimate after each block)."""
-    u, information, target = state.u, state.information, state.target
-    carry, tangents, log_likelihood, path = state.carry, state.tangents, state.log_likelihood, []
+    """The blocks of ``events`` from ``state``: (the state after them, the estimate after each block). After
+    block n = 1, 2, 4, ..., ``PREFIX_BLOCKS``, the models of all blocks so far are taken again about the estimate
+    (``_relinearise``); past that, the blocks' events are no longer kept."""
+    log_likelihood, blocks, path = state.log_likelihood, state.blocks, list[torch.Tensor]()
     for a in range(0, events.times.shape[1], block):
         piece = _take(events, a, a + block)
-        step = block_step(model, piece, u, carry, tangents)
-        carry, tangents = step.carry, step.tangents
+        u = state.u
+        step = block_step(model, piece, u, state.carry, state.tangents)
         log_likelihood += float(step.log_likelihood)
-        information = information + step.fisher
-        target = target + step.score + step.fisher @ u
-        quadratic = lambda w: target @ w - w @ information @ w / 2
-        derivatives = lambda w: (target - information @ w, -information)
-        best = projected_newton(quadratic, derivatives, u, bounded, iterations=50, tolerance=1e-12).x
-        u = project(u + (best - u).clamp(-radius, radius), bounded)
-        path.append(u)
-    seen = state.seen + events.mask.sum(1)
-    moved = OnlineState(
-        u=u,
-        information=information,
-        target=target,
-        carry=carry,
-        tangents=tangents,
-        seen=seen,
-        blocks=state.blocks + len(path),
-        log_likelihood=log_likelihood,
-        prior=state.prior,
-        pending=None,
+        information = state.information + step.fisher
+        target = state.target + step.score + step.fisher @ u
+        blocks += 1
+        state = state._replace(
+            u=_maximise(information, target, u, bounded, radius),
+            information=information,
+            target=target,
+            carry=step.carry,
+            tangents=step.tangents,
+            prefix=state.prefix + (piece,) if state.origin is not None and blocks <= PREFIX_BLOCKS else (),
+        )
+        if state.prefix and blocks & (blocks - 1) == 0:  # a power of 2
+            state = _relinearise(model, state, bounded, radius)
+        path.append(state.u)
+    moved = state._replace(
+        seen=state.seen + events.mask.sum(1), blocks=blocks, log_likelihood=log_likelihood, pending=None
     )
     return moved, path
 
 
-__all__ = ["Block", "OnlineState", "advance", "begin", "block_step", "check", "walk"]
+PREFIX_BLOCKS = 32  # the first blocks, whose models are taken again about later estimates
+RELINEARISATIONS = 4  # Newton steps on the prefix at most, each time it is taken again
+SETTLED = 1e-3  # a Newton step on the prefix that moves u less than this ends them
+
+
+__all__ = ["Block", "OnlineState", "Origin", "advance", "begin", "block_step", "check", "walk"]
