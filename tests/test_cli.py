@@ -356,3 +356,21 @@ def test_the_clock_times_the_steps_after_the_first_boundary_and_changes_no_resul
     assert cli.main(["tiny", "--steps", "40", "--no-plot", "--no-compile"]) == 0
     line = r"this run 40 in [0-9.]+ s: starting [0-9.]+ s, then [0-9]+ steps/s \(eager\)"
     assert re.search(line, capsys.readouterr().out)
+
+
+def test_no_compile_keeps_the_evaluation_eager_and_restores_the_default(monkeypatch):
+    """With --no-compile the evaluation's own runs (a frozen-theta stationary cost) must not start a compile: their
+    default Compile(after=...) is out of reach while they run, and the setting the process had is restored."""
+    from fwdtrain.cli import report
+    from fwdtrain.compile.options import AFTER_ENV
+
+    monkeypatch.setenv(AFTER_ENV, "5")
+    with report._eager_when(True):
+        assert int(os.environ[AFTER_ENV]) >= 2**62
+    assert os.environ[AFTER_ENV] == "5"
+    with report._eager_when(False):
+        assert os.environ[AFTER_ENV] == "5"
+    monkeypatch.delenv(AFTER_ENV)
+    with report._eager_when(True):
+        pass
+    assert AFTER_ENV not in os.environ

@@ -3,11 +3,15 @@ and the plot. A plot that fails after training is reported with the results (exi
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from .. import optim, plotting
+from ..compile.options import AFTER_ENV
 from ..core.problem import ControlledSDE
 from ..problems import ensemble
 from . import figures
@@ -80,6 +84,24 @@ def _plot(job: Job, example: Any, state: Any, history: Any, path: str) -> str:
     )
 
 
+@contextlib.contextmanager
+def _eager_when(never_compile: bool) -> Iterator[None]:
+    """With ``--no-compile``, the evaluation's own runs (a stationary cost with theta frozen) stay eager too: their
+    default ``Compile(after=...)`` is set out of reach while they run."""
+    if not never_compile:
+        yield
+        return
+    before = os.environ.get(AFTER_ENV)
+    os.environ[AFTER_ENV] = str(2**62)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AFTER_ENV, None)
+        else:
+            os.environ[AFTER_ENV] = before
+
+
 def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | None) -> Evaluation:
     """Learned against reference, and the plot; a Ctrl-C (a second one, after an interrupted training) skips
     what is left, and a plot that cannot be written is reported, the metrics kept."""
@@ -88,7 +110,8 @@ def evaluate(job: Job, example: Any, state: Any, history: Any, plot_path: str | 
     plot = error = None
     note = plotting.INSTALL_HINT if not job.args.no_plot and job.members is None and not plotting.available() else None
     try:
-        metrics = _metrics(example, state, job.training["solver"])
+        with _eager_when(job.args.compile is False):
+            metrics = _metrics(example, state, job.training["solver"])
         if plot_path is not None:
             try:
                 plot = _plot(job, example, state, history, plot_path)
