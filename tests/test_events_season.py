@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fwdtrain.events import fit, simulate
+from fwdtrain.events import fit, intensity, simulate
 from fwdtrain.events.fitting import derivatives
 from fwdtrain.events.likelihood import forward, log_likelihood, prepare
 from fwdtrain.events.models import hawkes, pack, unpack
@@ -180,3 +180,15 @@ def test_bad_knots_and_scalings_are_refused_and_a_seasonal_rate_needs_the_time()
     theta = {"baseline": torch.ones(1, 2), "adjacency": torch.zeros(1, 1), "decay": torch.tensor(1.0)}
     with pytest.raises(ValueError, match="time of day"):
         model.rate(theta, torch.zeros(1))
+
+
+def test_the_intensity_on_a_grid_follows_the_time_of_day():
+    model = hawkes(dimension=1, baseline_knots=(1.0, 2.0))
+    theta = {"baseline": [[0.5, 2.0, 1.0]], "adjacency": [[0.5]], "decay": 3.0}
+    events = [np.array([0.5])]
+    grid = np.array([0.25, 0.75, 1.5, 2.5])
+    lam = intensity(model, theta, events, grid, end_time=3.0)[0, :, 0]
+    excitation = 0.5 * 3.0 * np.exp(-3.0 * (grid - 0.5)) * (grid > 0.5)
+    torch.testing.assert_close(
+        lam, torch.tensor([0.5, 0.5, 2.0, 1.0], dtype=torch.float64) + torch.from_numpy(excitation)
+    )
