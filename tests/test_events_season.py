@@ -136,13 +136,13 @@ def _recovered(result, truth, sigmas=3.0):
 
 
 def test_a_seasonal_fit_recovers_the_simulated_truth_batch_and_online():
-    model = hawkes(dimension=2, baseline_knots=(1000.0, 2000.0))
+    model = hawkes(dimension=2, baseline_knots=(400.0, 800.0))
     truth = {
         "baseline": torch.tensor([[0.3, 0.9, 0.5], [0.6, 0.2, 0.4]], dtype=torch.float64),
         "adjacency": torch.tensor([[0.4, 0.1], [0.15, 0.3]], dtype=torch.float64),
         "decay": torch.tensor(2.0, dtype=torch.float64),
     }
-    data = simulate(model, truth, 3000.0, seed=11, realizations=2)  # two days, knots at 1000 s and 2000 s
+    data = simulate(model, truth, 1200.0, seed=11, realizations=2)  # two days, knots at 400 s and 800 s
     batch = fit(model, data)
     assert batch.converged
     _recovered(batch, truth)
@@ -161,7 +161,7 @@ def test_a_mark_scaled_fit_recovers_the_simulated_truth_batch_and_online():
         "decay": torch.tensor(2.0, dtype=torch.float64),
         "mark_power": torch.tensor(0.8, dtype=torch.float64),
     }
-    data = simulate(model, truth, 1500.0, seed=5, realizations=2, marks=_sizes)
+    data = simulate(model, truth, 800.0, seed=5, realizations=2, marks=_sizes)
     batch = fit(model, data)
     assert batch.converged
     _recovered(batch, truth)
