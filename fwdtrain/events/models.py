@@ -261,15 +261,44 @@ def hawkes(
     if not (math.isfinite(mark_reference) and mark_reference > 0):
         raise ValueError(f"hawkes(mark_reference=...) must be a positive size, got {mark_reference!r}")
     baseline_shape = (k, len(knots) + 1) if knots else (k,)
-    baseline = lambda theta: theta["baseline"].reshape(k, -1)
     jump_size = None
     if mark_scaling == "power":
         reference = float(mark_reference)
         jump_size = lambda theta, z: (z[..., 0] / reference) ** theta["mark_power"]
-    if decays is not None:
-        fixed = torch.as_tensor(decays, dtype=D64).reshape(-1)
+    fixed = None if decays is None else torch.as_tensor(decays, dtype=D64).reshape(-1)
+    kernel, parameters = _exponential_kernel(k, decay, fixed, fit_decays, baseline_shape, knots, jump_size)
+    u = fixed.numel() if fixed is not None else k if decay == "row" else 1
+
+    def jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        one = torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u)
+        return one if jump_size is None else one * jump_size(theta, z)
+
+    return ExponentialHawkes(
+        type_count=k,
+        state_size=u * k,
+        rate=lambda theta, y: kernel_rate(kernel, theta, y),
+        jump=jump,
+        parameters=parameters,
+        start=_hawkes_start(k, u, fixed, decay == "row", fit_decays, baseline_shape, jump_size is not None),
+        bound=lambda theta, y, horizon: kernel_bound(kernel, theta, y),
+        kernel=kernel,
+    )
+
+
+def _exponential_kernel(
+    k: int,
+    decay: str,
+    fixed: torch.Tensor | None,
+    fit_decays: bool,
+    baseline_shape: tuple[int, ...],
+    knots: tuple[float, ...],
+    jump_size: Callable[[Any, torch.Tensor], torch.Tensor] | None,
+) -> tuple[ExponentialKernel, dict[str, Parameter]]:
+    """``hawkes``'s kernel and parameters for its decay options."""
+    baseline = lambda theta: theta["baseline"].reshape(k, -1)
+    if fixed is not None:
         if fixed.numel() == 0 or not bool((fixed > 0).all()):
-            raise ValueError(f"hawkes(decays=...) must be positive numbers, got {list(decays)}")
+            raise ValueError(f"hawkes(decays=...) must be positive numbers, got {fixed.tolist()}")
         u = fixed.numel()
         parameters = {"baseline": Parameter(baseline_shape, True), "adjacency": Parameter((k, k, u), nonnegative=True)}
         if fit_decays:
@@ -314,23 +343,7 @@ def hawkes(
         )
     if jump_size is not None:
         parameters["mark_power"] = Parameter(())
-
-    def jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        one = torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u)
-        return one if jump_size is None else one * jump_size(theta, z)
-
-    return ExponentialHawkes(
-        type_count=k,
-        state_size=u * k,
-        rate=lambda theta, y: kernel_rate(kernel, theta, y),
-        jump=jump,
-        parameters=parameters,
-        start=_hawkes_start(
-            k, u, None if decays is None else fixed, decay == "row", fit_decays, baseline_shape, jump_size is not None
-        ),
-        bound=lambda theta, y, horizon: kernel_bound(kernel, theta, y),
-        kernel=kernel,
-    )
+    return kernel, parameters
 
 
 def _knots(given: Sequence[float] | None) -> tuple[float, ...]:
