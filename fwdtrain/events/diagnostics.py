@@ -22,7 +22,7 @@ from .data import D64, EventData, as_events
 from .expsums import linear_scan
 from .likelihood import Prepared, flow, prepare
 from .likelihood import log_likelihood as _prepared_log_likelihood
-from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, size
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, kernel_rate, size
 
 
 def _theta(params: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -131,7 +131,10 @@ def intensity(
     state = torch.where(seen, torch.gather(after, 1, index[..., None].expand(-1, -1, model.state_size)), 0.0)
     since = torch.where(seen[..., 0], torch.gather(data.times, 1, index), data.start[:, None])
     flat = _flow(model, theta, state.reshape(-1, model.state_size), (times - since).reshape(-1))
-    rates = vmap(model.rate, in_dims=(None, 0))(theta, flat)
+    if isinstance(model, ExponentialHawkes):  # its baseline may vary with the time of day, which Y does not hold
+        rates = vmap(lambda y, t: kernel_rate(model.kernel, theta, y, t))(flat, times.reshape(-1))
+    else:
+        rates = vmap(model.rate, in_dims=(None, 0))(theta, flat)
     return rates.reshape(r, times.shape[1], model.type_count)
 
 

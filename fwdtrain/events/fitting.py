@@ -74,8 +74,9 @@ def _objective(model: EventModel, prepared: Prepared, scale: float):
 
 def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient (p,) and Hessian (p, p) of log L in u, from one pass: for exponential kernels through the
-    jets of the sums in the decays (``likelihood.kernel_jets``), else torch.func through the whole pass."""
-    if isinstance(model, ExponentialHawkes):
+    jets of the sums in the decays (``likelihood.kernel_jets``), else (a mark-scaled kernel too) torch.func
+    through the whole pass."""
+    if isinstance(model, ExponentialHawkes) and model.jets:
         jets = kernel_jets(model, model.kernel.decays(unpack(model, u)), prepared)
         return jet_derivatives(model, jets, lambda w: unpack(model, w), u)[1:]
     gradient = grad(_objective(model, prepared, 1.0))

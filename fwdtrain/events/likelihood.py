@@ -32,7 +32,15 @@ from .. import _compat
 from . import recursion
 from .data import D64, EventData, ties
 from .expsums import exponential_sum_jets, exponential_sums, linear_scan
-from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
+from .models import (
+    AdditiveModel,
+    EventModel,
+    ExponentialHawkes,
+    GeneralModel,
+    check_additive,
+    season_exposure,
+    season_pieces,
+)
 
 _NODES, _WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
 
@@ -114,10 +122,11 @@ def pieces(prepared: Prepared, size: int) -> Iterator[Piece]:
 def init(model: EventModel, theta: Any, data: EventData) -> Carry:
     """The state at the windows' starts: 0 (Y(start) = 0 for every model)."""
     y = torch.zeros((data.realizations, model.state_size), dtype=D64)
-    if isinstance(model, ExponentialHawkes):
+    if isinstance(model, ExponentialHawkes):  # the sums after the last event, and the strict sums it saw
         decays = model.kernel.decays(theta)
         shape = (data.realizations, decays.shape[0], model.type_count)
-        return Carry((y.reshape(shape) * decays.new_zeros(()),), data.start)
+        zero = y.reshape(shape) * decays.new_zeros(())
+        return Carry((zero, zero), data.start)
     return Carry((y, y), data.start)
 
 
@@ -139,34 +148,57 @@ def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substep
         gap = end - carry.time
         fade = 1 - torch.exp(-gap[:, None] * decays)  # (R, U)
         excess = torch.einsum("iuj,ruj->ri", kernel.weights(theta), carry.state[0] * fade[..., None])
-        return kernel.baseline(theta) * gap[:, None] + excess
+        exposure = season_exposure(kernel.knots, end) - season_exposure(kernel.knots, carry.time)  # (R, P)
+        return exposure @ kernel.baseline(theta).T + excess
     assert isinstance(model, AdditiveModel | GeneralModel)
     _, compensator = _advance(model, theta, carry.state[0], end - carry.time, substeps)
     return compensator
 
 
-def _exponential_chunk(model: ExponentialHawkes, theta: Any, carry: Carry, piece: Piece):
+def _exponential_jumps(model: ExponentialHawkes, theta: Any, piece: Piece) -> torch.Tensor:
+    """Each event's jump in the sums of its type (R, b, K): one, or ``jump_size`` of its mark; 0 on padding."""
     onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
-    sums, last = exponential_sums(model.kernel.decays(theta), piece.times, onehot, carry.time, carry.state[0])
-    log_rate, compensator = _exponential_terms(model, theta, piece, carry, sums)
-    return Carry((last,), piece.times[:, -1]), log_rate, compensator
+    size = model.kernel.jump_size
+    if size is None:
+        return onehot
+    return onehot * torch.where(piece.mask, size(theta, piece.marks), 0.0)[..., None]
 
 
-def _exponential_terms(model: ExponentialHawkes, theta: Any, piece: Piece, carry: Carry, sums: torch.Tensor):
-    """log lambda_{k_i}(t_i-) and the compensators of a chunk from its exponential sums (R, b, U, K)."""
+def _exponential_chunk(model: ExponentialHawkes, theta: Any, carry: Carry, piece: Piece):
+    """The sums before each event by one scan (``expsums``), the strict sums of each event (those of its tie's
+    first event: ``_left_limits``), then the rates and the exact compensators."""
+    jumps = _exponential_jumps(model, theta, piece)
+    sums, last = exponential_sums(model.kernel.decays(theta), piece.times, jumps, carry.time, carry.state[0])
+    r, b = piece.times.shape
+    strict = _left_limits(sums.reshape(r, b, -1), piece, carry.state[1].reshape(r, -1)).reshape(sums.shape)
+    log_rate, compensator = _exponential_terms(model, theta, piece, carry, sums, strict, jumps)
+    return Carry((last, strict[:, -1]), piece.times[:, -1]), log_rate, compensator
+
+
+def _exponential_terms(
+    model: ExponentialHawkes,
+    theta: Any,
+    piece: Piece,
+    carry: Carry,
+    sums: torch.Tensor,
+    strict: torch.Tensor,
+    jumps: torch.Tensor,
+):
+    """log lambda_{k_i}(t_i-) and the compensators of a chunk from its exponential sums before each event and the
+    strict ones (R, b, U, K), and the jumps (R, b, K). The baseline integrates through ``season_exposure``."""
     kernel = model.kernel
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
-    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
     r, b = piece.times.shape
-    strict = (sums - piece.earlier[:, :, None, :]).reshape(r, b, -1)  # (R, b, U K)
     coefficients = (weights * decays[:, None]).reshape(model.type_count, -1)  # (K, U K)
-    intensities = baseline + strict @ coefficients.T
+    season = season_pieces(kernel.knots, piece.times) @ baseline.T  # (R, b, K)
+    intensities = season + strict.reshape(r, b, -1) @ coefficients.T
     chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
     log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
-    after = torch.cat([carry.state[0][:, None], (sums + onehot[:, :, None, :])[:, :-1]], 1)
-    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
+    after = torch.cat([carry.state[0][:, None], (sums + jumps[:, :, None, :])[:, :-1]], 1)
+    exposure = season_exposure(kernel.knots, piece.times)
+    exposure = exposure - torch.cat([season_exposure(kernel.knots, carry.time)[:, None], exposure[:, :-1]], 1)
     excess = (after - sums).reshape(r, b, -1) @ weights.reshape(model.type_count, -1).T
-    return log_rate, baseline * gaps[..., None] + excess
+    return log_rate, exposure @ baseline.T + excess
 
 
 class Jet(NamedTuple):
@@ -185,9 +217,10 @@ class Jet(NamedTuple):
 
 class KernelJets(NamedTuple):
     """What log L of an exponential-kernel model needs, as jets in the decays at ``decays``: the features of
-    the real events (N, 1 + 3 U K) = (1, then S, dS/db_u, d^2S/db_u^2 of the strict sums, (u, j, order)
-    flattened), their types one-hot (N, K), the sums after each realization's last event (R, U, K), the time
-    from that event to the end (R,), the counts of each type (K,) and the total observed time."""
+    the real events (N, P + 3 U K) = (the event's piece of the day one-hot (P,), then S, dS/db_u, d^2S/db_u^2 of
+    the strict sums, (u, j, order) flattened), their types one-hot (N, K), the sums after each realization's
+    last event (R, U, K), the time from that event to the end (R,), the counts of each type (K,) and the
+    observed time in each piece of the day (P,) (``season_exposure``)."""
 
     decays: torch.Tensor
     features: torch.Tensor
@@ -195,13 +228,17 @@ class KernelJets(NamedTuple):
     last: Jet
     remaining: torch.Tensor
     counts: torch.Tensor
-    span: torch.Tensor
+    exposure: torch.Tensor
 
 
 def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepared, size: int = 1 << 15) -> KernelJets:
     """The jets of an exponential-kernel model at ``decays`` (see ``KernelJets``): the sums' derivatives in the
-    decays (``expsums.exponential_sum_jets``), carried along the events chunk to chunk."""
+    decays (``expsums.exponential_sum_jets``), carried along the events chunk to chunk. Only for jumps that do
+    not depend on theta (``ExponentialHawkes.jets``)."""
+    if not model.jets:
+        raise ValueError("kernel_jets needs jumps that do not depend on theta: a mark-scaled model has no jets")
     data = prepared.data
+    knots = model.kernel.knots
     k = model.type_count
     carry: tuple[torch.Tensor, ...] = tuple(
         torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)
@@ -215,7 +252,8 @@ def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepar
         strict.append(torch.stack([sums[0] - earlier, sums[1], sums[2]], -1)[piece.mask])
         time = piece.times[:, -1]
     joined = torch.cat(strict)
-    features = torch.cat([torch.ones((joined.shape[0], 1), dtype=D64), joined.reshape(joined.shape[0], -1)], 1)
+    season = season_pieces(knots, data.times[data.mask])
+    features = torch.cat([season, joined.reshape(joined.shape[0], -1)], 1)
     return KernelJets(
         decays=decays,
         features=features,
@@ -223,22 +261,22 @@ def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepar
         last=Jet(*carry),
         remaining=data.end - time,
         counts=data.counts().sum(0),
-        span=(data.end - data.start).sum(),
+        exposure=(season_exposure(knots, data.end) - season_exposure(knots, data.start)).sum(0),
     )
 
 
 def _jet_table(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> tuple[torch.Tensor, torch.Tensor]:
     """(the coefficients (K, F) with lambda_i = features_i . table_{k_i}, the compensator (0-d)) at theta, the
     sums replaced by their jets. The compensator telescopes: int beta_u S_uj dt over [start, end] = N_j -
-    S_uj(end)."""
+    S_uj(end); the baseline's is its pieces times their observed time."""
     kernel = model.kernel
     decays, weights, baseline = kernel.decays(theta), kernel.weights(theta), kernel.baseline(theta)
     shift = decays - jets.decays
     powers = torch.stack([torch.ones_like(shift), shift, shift * shift / 2], -1)  # (U, 3)
     coefficients = ((weights * decays[:, None])[..., None] * powers[:, None, :]).reshape(model.type_count, -1)
     at_end = (jets.last.at(shift) * torch.exp(-jets.remaining[:, None] * decays)[..., None]).sum(0)  # (U, K)
-    compensator = baseline.sum() * jets.span + (weights * (jets.counts - at_end)).sum()
-    return torch.cat([baseline[:, None], coefficients], 1), compensator
+    compensator = (baseline.sum(0) * jets.exposure).sum() + (weights * (jets.counts - at_end)).sum()
+    return torch.cat([baseline, coefficients], 1), compensator
 
 
 def jet_log_likelihood(model: ExponentialHawkes, theta: Any, jets: KernelJets) -> torch.Tensor:

@@ -23,6 +23,7 @@ K is ``type_count`` (an event's type is a label in 0..K-1) and d is ``state_size
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,12 +45,35 @@ class Parameter(NamedTuple):
 
 
 class ExponentialKernel(NamedTuple):
-    """lambda_i = baseline_i + sum_{u, j} weights_iuj decays_u S_uj, S_uj the exponential sums of decay u over
-    past type-j events: ``decays(theta) -> (U,)``, ``weights(theta) -> (K, U, K)``, ``baseline(theta) -> (K,)``."""
+    """lambda_i(t) = baseline_ip(t) + sum_{u, j} weights_iuj decays_u S_uj, S_uj the exponential sums of decay u
+    over past type-j events, each event's jump ``jump_size(theta, z)`` of its mark z (None: 1), p(t) the piece of
+    the day that holds t (``knots`` c_1 < ... < c_{P-1} on the events' clock: piece p is [c_p, c_{p+1})):
+    ``decays(theta) -> (U,)``, ``weights(theta) -> (K, U, K)``, ``baseline(theta) -> (K, P)``,
+    ``jump_size(theta, z (..., q)) -> (...)``."""
 
     decays: Callable[[Any], torch.Tensor]
     weights: Callable[[Any], torch.Tensor]
     baseline: Callable[[Any], torch.Tensor]
+    knots: tuple[float, ...] = ()
+    jump_size: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
+
+
+def season_pieces(knots: tuple[float, ...], times: torch.Tensor) -> torch.Tensor:
+    """The piece of the day of each time, one-hot (..., P): piece p holds [c_p, c_{p+1}) (c_0 = -inf, c_P = inf)."""
+    edges = torch.tensor(knots, dtype=times.dtype)
+    index = torch.searchsorted(edges, times.contiguous(), right=True)
+    return torch.nn.functional.one_hot(index, len(knots) + 1).to(times.dtype)
+
+
+def season_exposure(knots: tuple[float, ...], times: torch.Tensor) -> torch.Tensor:
+    """E(t) (..., P) with int_a^b baseline_p(t) dt = baseline . (E(b) - E(a)): E_0 = min(t, c_1), E_p = the time
+    spent in [c_p, c_{p+1}) after c_p up to t, the last E_{P-1} = max(t - c_{P-1}, 0) (no knots: E = t)."""
+    if not knots:
+        return times[..., None]
+    edges = torch.tensor(knots, dtype=times.dtype)
+    widths = torch.cat([torch.diff(edges), torch.tensor([math.inf], dtype=times.dtype)])
+    later = torch.minimum((times[..., None] - edges).clamp(min=0), widths)
+    return torch.cat([torch.minimum(times, edges[0])[..., None], later], -1)
 
 
 Rate = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -97,6 +121,12 @@ class ExponentialHawkes(EventModel):
     sums, decaying at kernel.decays(theta) (U,) and jumping by one at its type's entries."""
 
     kernel: ExponentialKernel
+
+    @property
+    def jets(self) -> bool:
+        """Whether the closed-form jets in the decays give the derivatives (``likelihood.kernel_jets``): the jumps
+        do not depend on theta (no ``mark_scaling``)."""
+        return self.kernel.jump_size is None
 
     def decay(self, theta: Any) -> torch.Tensor:
         """The state's decay rates (U K,), u major."""
@@ -174,11 +204,14 @@ def size(model: EventModel) -> int:
     return sum(math.prod(spec.shape) for spec in model.parameters.values())
 
 
-def _hawkes_start(k: int, u: int, per_decay: torch.Tensor | None, row: bool, fitted: bool):
+def _hawkes_start(
+    k: int, u: int, per_decay: torch.Tensor | None, row: bool, fitted: bool, shape: tuple[int, ...], marked: bool
+):
     def start(data: EventData) -> dict[str, torch.Tensor]:
         span = float((data.end - data.start).sum())
         rates = data.counts().sum(0) / span
-        theta = {"baseline": (0.5 * rates).clamp(min=1e-3)}
+        pieces = shape[1] if len(shape) > 1 else 1
+        theta = {"baseline": (0.5 * rates).clamp(min=1e-3)[:, None].expand(k, pieces).reshape(shape).clone()}
         if per_decay is None:
             theta["adjacency"] = torch.full((k, k), 0.4 / k, dtype=D64)
             scale = float(rates.sum()) + 1e-3
@@ -187,44 +220,102 @@ def _hawkes_start(k: int, u: int, per_decay: torch.Tensor | None, row: bool, fit
             theta["adjacency"] = torch.full((k, k, u), 0.4 / (k * u), dtype=D64)
             if fitted:
                 theta["decays"] = per_decay.clone()
+        if marked:
+            theta["mark_power"] = torch.zeros((), dtype=D64)
         return theta
 
     return start
 
 
 def hawkes(
-    dimension: int = 1, decay: str = "shared", decays: Sequence[float] | None = None, fit_decays: bool = False
+    dimension: int = 1,
+    decay: str = "shared",
+    decays: Sequence[float] | None = None,
+    fit_decays: bool = False,
+    *,
+    baseline_knots: Sequence[float] | None = None,
+    mark_scaling: str | None = None,
+    mark_reference: float = 1.0,
 ) -> ExponentialHawkes:
     """tick's K-dimensional exponential Hawkes process, theta = {"baseline" (K,), "adjacency" (K, K),
     "decay" () or (K,) for ``decay="row"``}; with ``decays`` (U,), sum-of-exponential kernels with
     "adjacency" (K, K, U), the decays fixed (tick's), or with ``fit_decays=True`` fitted as theta["decays"] (U,)
     from the given values (a pass costs about U times one decay's: the sums of each decay and their first two
     derivatives in it). Stationary when the spectral radius of sum_u adjacency[..., u] is < 1. ``dimension`` is
-    K, the number of event types (tick's word); the model's state has U K entries."""
+    K, the number of event types (tick's word); the model's state has U K entries.
+
+    ``baseline_knots`` c_1 < ... < c_{P-1}: a baseline that varies with the time of day, piecewise constant,
+    "baseline" (K, P) with column p on [c_p, c_{p+1}); the knots are on the events' clock (each realization a
+    day, its times e.g. seconds after midnight as ``read_lobster`` gives them), shared by all realizations.
+    ``mark_scaling="power"``: each event's jump in the exponential sums is (z / ``mark_reference``)^gamma, z its
+    first mark (the order size, > 0), gamma = theta["mark_power"] () fitted (0: every event counts one), so
+    adjacency is the effect of an event of the reference size (give the mean size)."""
     k = int(dimension)
     if k < 1:
         raise ValueError(f"hawkes(dimension=...) must be >= 1, got {dimension}")
     if decay not in ("shared", "row"):
         raise ValueError(f"hawkes(decay=...) must be 'shared' or 'row', got {decay!r}")
-    if decays is not None:
-        fixed = torch.as_tensor(decays, dtype=D64).reshape(-1)
+    knots = _knots(baseline_knots)
+    if mark_scaling not in (None, "power"):
+        raise ValueError(f"hawkes(mark_scaling=...) must be None or 'power', got {mark_scaling!r}")
+    if not (math.isfinite(mark_reference) and mark_reference > 0):
+        raise ValueError(f"hawkes(mark_reference=...) must be a positive size, got {mark_reference!r}")
+    baseline_shape = (k, len(knots) + 1) if knots else (k,)
+    jump_size = None
+    if mark_scaling == "power":
+        reference = float(mark_reference)
+        jump_size = lambda theta, z: (z[..., 0] / reference) ** theta["mark_power"]
+    fixed = None if decays is None else torch.as_tensor(decays, dtype=D64).reshape(-1)
+    kernel, parameters = _exponential_kernel(k, decay, fixed, fit_decays, baseline_shape, knots, jump_size)
+    u = fixed.numel() if fixed is not None else k if decay == "row" else 1
+
+    def jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        one = torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u)
+        return one if jump_size is None else one * jump_size(theta, z)
+
+    return ExponentialHawkes(
+        type_count=k,
+        state_size=u * k,
+        rate=lambda theta, y: kernel_rate(kernel, theta, y),
+        jump=jump,
+        parameters=parameters,
+        start=_hawkes_start(k, u, fixed, decay == "row", fit_decays, baseline_shape, jump_size is not None),
+        bound=lambda theta, y, horizon: kernel_bound(kernel, theta, y),
+        kernel=kernel,
+    )
+
+
+def _exponential_kernel(
+    k: int,
+    decay: str,
+    fixed: torch.Tensor | None,
+    fit_decays: bool,
+    baseline_shape: tuple[int, ...],
+    knots: tuple[float, ...],
+    jump_size: Callable[[Any, torch.Tensor], torch.Tensor] | None,
+) -> tuple[ExponentialKernel, dict[str, Parameter]]:
+    """``hawkes``'s kernel and parameters for its decay options."""
+    baseline = lambda theta: theta["baseline"].reshape(k, -1)
+    if fixed is not None:
         if fixed.numel() == 0 or not bool((fixed > 0).all()):
-            raise ValueError(f"hawkes(decays=...) must be positive numbers, got {list(decays)}")
+            raise ValueError(f"hawkes(decays=...) must be positive numbers, got {fixed.tolist()}")
         u = fixed.numel()
-        parameters = {"baseline": Parameter((k,), True), "adjacency": Parameter((k, k, u), nonnegative=True)}
+        parameters = {"baseline": Parameter(baseline_shape, True), "adjacency": Parameter((k, k, u), nonnegative=True)}
         if fit_decays:
             parameters["decays"] = Parameter((u,), True)
         kernel = ExponentialKernel(
             (lambda theta: theta["decays"]) if fit_decays else (lambda theta: fixed),
             lambda theta: theta["adjacency"].permute(0, 2, 1),
-            lambda theta: theta["baseline"],
+            baseline,
+            knots,
+            jump_size,
         )
     elif fit_decays:
         raise ValueError("hawkes(fit_decays=True) needs the starting decays: hawkes(decays=(b_1, ..., b_U), ...)")
     elif decay == "row":
         u = k
         parameters = {
-            "baseline": Parameter((k,), True),
+            "baseline": Parameter(baseline_shape, True),
             "adjacency": Parameter((k, k), nonnegative=True),
             "decay": Parameter((k,), True),
         }
@@ -232,37 +323,64 @@ def hawkes(
         kernel = ExponentialKernel(
             lambda theta: theta["decay"],
             lambda theta: theta["adjacency"][:, None, :] * eye[:, :, None],
-            lambda theta: theta["baseline"],
+            baseline,
+            knots,
+            jump_size,
         )
     else:
         u = 1
         parameters = {
-            "baseline": Parameter((k,), True),
+            "baseline": Parameter(baseline_shape, True),
             "adjacency": Parameter((k, k), nonnegative=True),
             "decay": Parameter((), True),
         }
         kernel = ExponentialKernel(
             lambda theta: theta["decay"].reshape(1),
             lambda theta: theta["adjacency"][:, None, :],
-            lambda theta: theta["baseline"],
+            baseline,
+            knots,
+            jump_size,
         )
-    return ExponentialHawkes(
-        type_count=k,
-        state_size=u * k,
-        rate=lambda theta, y: kernel_rate(kernel, theta, y),
-        jump=lambda theta, y, kind, z: torch.nn.functional.one_hot(kind, k).to(y.dtype).repeat(u),
-        parameters=parameters,
-        start=_hawkes_start(k, u, None if decays is None else fixed, decay == "row", fit_decays),
-        bound=lambda theta, y, horizon: kernel_rate(kernel, theta, y),
-        kernel=kernel,
-    )
+    if jump_size is not None:
+        parameters["mark_power"] = Parameter(())
+    return kernel, parameters
 
 
-def kernel_rate(kernel: ExponentialKernel, theta: Any, y: torch.Tensor) -> torch.Tensor:
-    """lambda (K,) of an exponential-kernel model at its state y (U K,) = S flattened (u major)."""
+def _knots(given: Sequence[float] | None) -> tuple[float, ...]:
+    if given is None:
+        return ()
+    knots = tuple(float(c) for c in given)
+    if not knots or not all(math.isfinite(c) for c in knots) or any(b <= a for a, b in itertools.pairwise(knots)):
+        raise ValueError(
+            f"hawkes(baseline_knots=...) must be increasing finite times of day (at least one), got {list(given)}"
+        )
+    return knots
+
+
+def kernel_rate(
+    kernel: ExponentialKernel, theta: Any, y: torch.Tensor, time: torch.Tensor | None = None
+) -> torch.Tensor:
+    """lambda (K,) of an exponential-kernel model at its state y (U K,) = S flattened (u major) at ``time`` (0-d);
+    None: a baseline that does not vary with the time of day (the state does not hold the time)."""
+    if time is None and kernel.knots:
+        raise ValueError(
+            "this Hawkes model's baseline varies with the time of day (baseline_knots), so its intensity needs the "
+            "time: use likelihood.forward, diagnostics.goodness or simulate, not rate(theta, y)"
+        )
+    baseline = kernel.baseline(theta)
+    season = baseline[:, 0] if time is None else baseline @ season_pieces(kernel.knots, time)
+    return season + _excitation(kernel, theta, y)
+
+
+def kernel_bound(kernel: ExponentialKernel, theta: Any, y: torch.Tensor) -> torch.Tensor:
+    """A bound (K,) of the intensities from state y on: the day's largest baseline plus the excitation, which
+    only decays until the next event."""
+    return kernel.baseline(theta).max(1).values + _excitation(kernel, theta, y)
+
+
+def _excitation(kernel: ExponentialKernel, theta: Any, y: torch.Tensor) -> torch.Tensor:
     decays = kernel.decays(theta)
-    s = y.reshape(decays.shape[0], -1)
-    return kernel.baseline(theta) + torch.einsum("iuj,u,uj->i", kernel.weights(theta), decays, s)
+    return torch.einsum("iuj,u,uj->i", kernel.weights(theta), decays, y.reshape(decays.shape[0], -1))
 
 
 def intensity_model(
@@ -418,9 +536,12 @@ __all__ = [
     "check_additive",
     "hawkes",
     "intensity_model",
+    "kernel_bound",
     "kernel_rate",
     "order_book",
     "pack",
+    "season_exposure",
+    "season_pieces",
     "size",
     "unpack",
 ]

@@ -19,7 +19,7 @@ import torch
 
 from .data import D64, EventData, from_tick
 from .likelihood import flow
-from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive
+from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, check_additive, kernel_rate
 
 
 def _flow(model: EventModel, theta: Any, y: torch.Tensor, span: float) -> torch.Tensor:
@@ -63,7 +63,11 @@ def _path(
             y, t = _flow(model, theta, y, span), t + span
             continue
         y, t = _flow(model, theta, y, wait), t + wait
-        rates = model.rate(theta, y)
+        rates = (
+            kernel_rate(model.kernel, theta, y, torch.tensor(t, dtype=D64))
+            if isinstance(model, ExponentialHawkes)
+            else model.rate(theta, y)
+        )
         total = float(rates.sum())
         if total > bound * (1 + 1e-9):
             raise RuntimeError(
