@@ -143,7 +143,7 @@ def test_the_05_names_warn_and_still_work():
         assert model.types == 3
     with pytest.warns(DeprecationWarning, match="state_size"):
         assert model.dimension == 3
-    with pytest.warns(DeprecationWarning, match="type_count"):
+    with pytest.warns(DeprecationWarning, match="type_count"), pytest.warns(DeprecationWarning, match="state_size"):
         old = pp.intensity_model(_rate, parameters=PARAMETERS, types=2, dimension=1)
     assert old.type_count == 2 and old.state_size == 1
     with pytest.raises(TypeError, match=r"unknown options \['kinds'\]"):
