@@ -139,3 +139,20 @@ def boom(*, particles=2, dt=0.1, steps=200, lr=0.0, seed=0, dtype=torch.float64)
 @pytest.fixture
 def lqr64():
     return ft.examples.lqr_1d(dtype=torch.float64, particles=4)
+
+
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """Counts of the event-likelihood engines' chunk calls by kind ("exponential", "additive", "general")."""
+    from fwdtrain.events import likelihood
+
+    calls = {"exponential": 0, "additive": 0, "general": 0}
+    for name in calls:
+        original = getattr(likelihood, f"_{name}_chunk")
+
+        def counted(*args, name=name, original=original):
+            calls[name] += 1
+            return original(*args)
+
+        monkeypatch.setattr(likelihood, f"_{name}_chunk", counted)
+    return calls

@@ -65,21 +65,8 @@ def test_each_option_of_intensity_model_reaches_the_model(option, check):
     assert check(model) and not check(plain)
 
 
-def _counted(monkeypatch):
-    calls = {"exponential": 0, "additive": 0, "general": 0}
-    for name in calls:
-        original = getattr(likelihood, f"_{name}_chunk")
-
-        def counted(*args, name=name, original=original):
-            calls[name] += 1
-            return original(*args)
-
-        monkeypatch.setattr(likelihood, f"_{name}_chunk", counted)
-    return calls
-
-
-def test_each_kind_takes_its_engine_and_a_user_model_with_additive_true_is_scanned(monkeypatch):
-    calls = _counted(monkeypatch)
+def test_each_kind_takes_its_engine_and_a_user_model_with_additive_true_is_scanned(engine_calls):
+    calls = engine_calls
     additive = pp.intensity_model(_rate, **BASE, decay=_decay, jump=_side, bound=_bound, additive=True)
     data = pp.simulate(additive, THETA, 200.0, seed=1)
     assert data.events > 100

@@ -65,16 +65,8 @@ def test_the_start_puts_each_intensity_near_its_types_mean_rate():
         assert torch.allclose(model.rate(theta, y), mean, rtol=0.25)
 
 
-def test_the_model_takes_the_vectorised_engine(monkeypatch):
-    calls = {"exponential": 0, "additive": 0, "general": 0}
-    for name in calls:
-        original = getattr(likelihood, f"_{name}_chunk")
-
-        def counted(*args, name=name, original=original):
-            calls[name] += 1
-            return original(*args)
-
-        monkeypatch.setattr(likelihood, f"_{name}_chunk", counted)
+def test_the_model_takes_the_vectorised_engine(engine_calls):
+    calls = engine_calls
     data = _marked()
     model = neural_intensity(2, marks=1)
     assert isinstance(model, pp.AdditiveModel)
