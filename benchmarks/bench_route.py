@@ -15,8 +15,11 @@ Cases (``CASES``):
   steps (a full eager run takes about half an hour);
 - ``segments``: the same 2-D problem continued in segments of 250 steps to 10,000 steps, as research code does
   (``run(problem, previous_run, 250, ...)`` in a loop);
+- ``mlp-3d``: a 3-D LQR with a 3-32-32-3 tanh control, N = 128, 4,000 steps in one call;
 - ``seed-N1``, ``seed-N100``: the seed problem continued in segments of 2,048 steps (``bench_step``'s work), 20
-  segments.
+  segments;
+- ``new-target``: one 250-step run of ``examples.ou_calibration`` whose target mean (a constant the cost closes
+  over) is new at every launch (1.0 fresh, 1.5 again, 2.0 warm): no launch finds its own kernel on disk.
 
 Each timing is the wall-clock of a fresh ``python`` process from its first ``run`` call to its last (imports
 and interpreter start left out; the same for every route); a background compile that outlives its launch is
@@ -51,17 +54,22 @@ CASES: dict[str, dict[str, Any]] = {
     "segments": {"problem": "mlp-2d", "particles": 256, "segment": 250, "segments": 40},
     "seed-N1": {"problem": "lqr-1d", "particles": 1, "segment": 2_048, "segments": 20},
     "seed-N100": {"problem": "lqr-1d", "particles": 100, "segment": 2_048, "segments": 20},
+    "mlp-3d": {"problem": "mlp-3d", "particles": 128, "segment": 4_000, "segments": 1},
+    "new-target": {"problem": "new-target", "particles": 64, "segment": 250, "segments": 1},
 }
+NEW_TARGETS = {"fresh": 1.0, "again": 1.5, "warm": 2.0}  # the new-target case's target mean per machine
 QUICK = {"problem": "lqr-1d", "particles": 4, "segment": 50, "segments": 3}
 PRIME = {"problem": "lqr-1d", "particles": 2, "segment": 20, "segments": 1}  # the warm machine's other compile
 MACHINES = ("fresh", "warm", "again")
 
 
-def example_of(problem: str, particles: int) -> Any:
+def example_of(problem: str, particles: int, target: float = 1.0) -> Any:
     import fwdtrain as ft
 
-    if problem == "mlp-2d":
-        return ft.examples.lqr_nd(dim=2, control="mlp", hidden=32, particles=particles)
+    if problem in ("mlp-2d", "mlp-3d"):
+        return ft.examples.lqr_nd(dim=int(problem[-2]), control="mlp", hidden=32, particles=particles)
+    if problem == "new-target":
+        return ft.examples.ou_calibration(target_mean=target, particles=particles)
     return ft.examples.lqr_1d(particles=particles)
 
 
@@ -72,7 +80,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import fwdtrain as ft
 
     torch.set_num_threads(spec["threads"])
-    ex = example_of(spec["problem"], spec["particles"])
+    ex = example_of(spec["problem"], spec["particles"], spec.get("target", 1.0))
     compile_: Any = {"auto": "auto", "True": True, "False": False}[spec["route"]]
     if spec["quick"] and compile_ is True:
         compile_ = ft.Compile(True, route="dynamo", backend="eager")
@@ -144,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                     spec = {**case, "route": route, "threads": args.threads, "quick": args.quick}
                     if name in ("mlp-2d", "segments"):
                         spec["eager_steps"] = args.eager_steps
+                    if name == "new-target":
+                        spec["target"] = NEW_TARGETS[machine_state]
                     folder = Path(root) / (f"warm-{route}" if machine_state == "warm" else f"own-{route}")
                     times[(route, machine_state)] = launch(spec, folder)
                     print(f"{name:10s} {route:6s} {machine_state:5s} {times[(route, machine_state)]}", flush=True)
