@@ -74,9 +74,13 @@ def test_a_state_dependent_model_equals_a_python_loop_with_no_call_per_event(end
     reference = _loop(theta, times, end)
     assert float(mine) == pytest.approx(float(reference), rel=1e-12)
     loop_of = lambda w: _loop(models.unpack(model, w), times, end)
+    calls.update(rate=0, jump=0)
     gradient, curvature = ft.events.fitting.derivatives(model, prepared, u)
+    assert calls["rate"] <= 8 and calls["jump"] <= 20, calls  # the adjoint pass: vectorised calls, none per event
     torch.testing.assert_close(gradient, torch.func.grad(loop_of)(u), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(curvature, torch.func.hessian(loop_of)(u), rtol=1e-8, atol=1e-8)
+    through = torch.func.grad(lambda w: likelihood.log_likelihood(model, models.unpack(model, w), prepared))(u)
+    torch.testing.assert_close(through, gradient, rtol=1e-9, atol=1e-9)  # torch.func through the solve agrees
     information = ft.events.information(model, theta, data)
     loop_information = -torch.func.hessian(lambda t: _loop(dict(zip(theta, t)), times, end))(
         torch.stack(list(theta.values()))
