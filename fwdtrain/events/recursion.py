@@ -45,6 +45,8 @@ def jacobians(
     constant, e.g. ``1 + y``)."""
     value, pullback = torch.func.vjp(after, previous)[:2]
     d = value.shape[-1]
+    if d == 1:  # one pullback of ones, no vmap
+        return value, pullback(torch.ones_like(value))[0][..., None]
     basis = torch.eye(d, dtype=value.dtype)[:, None, None, :].expand(d, *value.shape)
     rows = torch.func.vmap(pullback)(basis)[0]  # (d_out, R, n, d_in)
     return value, rows.permute(1, 2, 0, 3)
