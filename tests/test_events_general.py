@@ -8,6 +8,8 @@ Y jumps by alpha / (1 + Y / cap), so the jump depends on Y: no linear recursion,
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -166,3 +168,19 @@ def test_a_two_dimensional_state_with_ties_equals_a_python_loop():
     torch.testing.assert_close(curvature, torch.func.hessian(loop_of)(u), rtol=1e-8, atol=1e-8)
     through = lambda w: likelihood.log_likelihood(model, models.unpack(model, w), prepared)
     torch.testing.assert_close(torch.func.jacfwd(torch.func.grad(through))(u), curvature, rtol=1e-8, atol=1e-8)
+
+
+def test_an_online_pass_ends_within_three_standard_errors_of_the_batch_fit():
+    """One online pass with the defaults (block, prior, start) on the saturating model: finite standard errors,
+    no warning, every parameter within 3 batch standard errors of the batch MLE."""
+    model = _model({"rate": 0, "jump": 0})
+    data = pp.simulate(model, _theta(TRUTH), 400.0, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        batch = pp.fit(model, data)
+        online = pp.fit(model, data, method="online")
+    assert batch.converged
+    for name in TRUTH:
+        assert bool(torch.isfinite(online.stderr[name])), (name, online.stderr)
+        z = float((online.params[name] - batch.params[name]) / batch.stderr[name])
+        assert abs(z) < 3, (name, z, online.params, batch.params)
