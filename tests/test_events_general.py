@@ -184,3 +184,31 @@ def test_an_online_pass_ends_within_three_standard_errors_of_the_batch_fit():
         assert bool(torch.isfinite(online.stderr[name])), (name, online.stderr)
         z = float((online.params[name] - batch.params[name]) / batch.stderr[name])
         assert abs(z) < 3, (name, z, online.params, batch.params)
+
+
+def test_the_online_blocks_scores_sum_to_the_batch_gradient_at_a_fixed_theta():
+    """The online pass's blocks (each chunk's path solved once and moved by its sensitivities, the state's
+    sensitivity carried from block to block) at a fixed u: their scores, with the window's end through the
+    carried sensitivity, sum to the batch gradient."""
+    model = _model({"rate": 0, "jump": 0})
+    data = pp.simulate(model, _theta(TRUTH), 150.0, seed=5)
+    prepared = likelihood.prepare(model, data)
+    u = models.pack(model, _theta({"mu": 0.6, "alpha": 0.7, "kappa": 1.0, "cap": 1.5}))
+    carry = likelihood.init(model, models.unpack(model, u), prepared.data)
+    tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=D64) for s in carry.state)
+    total = torch.zeros_like(u)
+    for piece in likelihood.pieces(prepared, 16):
+        step = ft.events.online.block_step(model, piece, u, carry, tangents)
+        carry, tangents, total = step.carry, step.tangents, total + step.score
+
+    def rest(w, state):  # the window's end after the last event, through the carried state's sensitivity
+        closing = likelihood.Carry((state,), carry.time)
+        return -likelihood.tail(
+            model, models.unpack(model, w), closing, prepared.data.end, prepared.tail_substeps
+        ).sum()
+
+    eye = torch.eye(u.numel(), dtype=D64)
+    for i in range(u.numel()):
+        total[i] += torch.func.jvp(rest, (u, carry.state[0]), (eye[i], tangents[0][..., i]))[1]
+    gradient, _ = ft.events.fitting.derivatives(model, prepared, u)
+    torch.testing.assert_close(total, gradient, rtol=1e-9, atol=1e-8)

@@ -485,6 +485,36 @@ def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
     return _general_terms(model, theta, carry, piece, _general_path(model, theta, carry, piece))
 
 
+def general_chunk_about(
+    model: GeneralModel, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor, carry: Carry, piece: Piece
+) -> Callable[[torch.Tensor, tuple], tuple[Carry, torch.Tensor, torch.Tensor]]:
+    """chunk(model, to_theta(w), Carry(state, carry.time), piece) as a function of (w, state) with its value and
+    first derivatives at (u, carry.state) (plain numbers): the path solved once on the plain numbers, moved by its
+    sensitivities (the linear recursion x'_i = J_i x'_{i-1} + d after_i / du of ``recursion.derivatives``, from
+    the state's move), so forward mode (the online pass) differentiates no solve."""
+    columns, most = _general_columns(piece, carry.time)
+    every = slice(0, piece.times.shape[1])
+    y0 = carry.state[0]
+    path = _general_path(model, to_theta(u), carry, piece)
+    previous = torch.cat([y0[:, None], path[:, :-1]], 1)
+    after = lambda w, states: _general_after(model, to_theta(w), columns, most)(states, every)
+    with torch.no_grad():
+        _, jacobian = recursion.jacobians(lambda states: after(u, states), previous)  # (R, b, d, d)
+        eye = torch.eye(u.numel(), dtype=u.dtype)
+        direct = torch.func.vmap(lambda e: torch.func.jvp(lambda w: after(w, previous), (u,), (e,))[1])(eye)
+        direct = direct.permute(1, 2, 3, 0)  # (R, b, d, p)
+
+    def linear(w: torch.Tensor, state: tuple) -> tuple[Carry, torch.Tensor, torch.Tensor]:
+        move = (direct @ (w - u)[:, None])[..., 0]  # (R, b, d)
+        entering = (jacobian[:, 0] @ (state[0] - y0)[..., None])[..., 0]  # the start's move, through J_0
+        move = torch.cat([move[:, :1] + entering[:, None], move[:, 1:]], 1)
+        return _general_terms(
+            model, to_theta(w), Carry(state, carry.time), piece, path + recursion.matrix_scan(jacobian, move)
+        )
+
+    return linear
+
+
 def general_derivatives(
     model: GeneralModel, prepared: Prepared, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -549,6 +579,7 @@ __all__ = [
     "chunk",
     "flow",
     "forward",
+    "general_chunk_about",
     "general_derivatives",
     "init",
     "jet_derivatives",
