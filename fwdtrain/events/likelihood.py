@@ -490,8 +490,9 @@ def general_chunk_about(
 ) -> Callable[[torch.Tensor, tuple], tuple[Carry, torch.Tensor, torch.Tensor]]:
     """chunk(model, to_theta(w), Carry(state, carry.time), piece) as a function of (w, state) with its value and
     first derivatives at (u, carry.state) (plain numbers): the path solved once on the plain numbers, moved by its
-    sensitivities (the linear recursion x'_i = J_i x'_{i-1} + d after_i / du of ``recursion.derivatives``, from
-    the state's move), so forward mode (the online pass) differentiates no solve."""
+    sensitivities to u and to the start (the linear recursion x'_i = J_i x'_{i-1} + d after_i / du of
+    ``recursion.derivatives``, scanned once with p + d columns), so forward mode (the online pass) differentiates
+    no solve and no scan."""
     columns, most = _general_columns(piece, carry.time)
     every = slice(0, piece.times.shape[1])
     y0 = carry.state[0]
@@ -502,15 +503,14 @@ def general_chunk_about(
         _, jacobian = recursion.jacobians(lambda states: after(u, states), previous)  # (R, b, d, d)
         eye = torch.eye(u.numel(), dtype=u.dtype)
         direct = torch.func.vmap(lambda e: torch.func.jvp(lambda w: after(w, previous), (u,), (e,))[1])(eye)
-        direct = direct.permute(1, 2, 3, 0)  # (R, b, d, p)
+        entering = torch.cat([jacobian[:, :1], torch.zeros_like(jacobian[:, 1:])], 1)  # the start, through J_0
+        sensitivities = recursion.matrix_scan(jacobian, torch.cat([direct.permute(1, 2, 3, 0), entering], -1))
+    p = u.numel()
+    to_u, to_start = sensitivities[..., :p], sensitivities[..., p:]  # (R, b, d, p), (R, b, d, d)
 
     def linear(w: torch.Tensor, state: tuple) -> tuple[Carry, torch.Tensor, torch.Tensor]:
-        move = (direct @ (w - u)[:, None])[..., 0]  # (R, b, d)
-        entering = (jacobian[:, 0] @ (state[0] - y0)[..., None])[..., 0]  # the start's move, through J_0
-        move = torch.cat([move[:, :1] + entering[:, None], move[:, 1:]], 1)
-        return _general_terms(
-            model, to_theta(w), Carry(state, carry.time), piece, path + recursion.matrix_scan(jacobian, move)
-        )
+        moved = path + to_u @ (w - u) + (to_start @ (state[0] - y0)[:, None, :, None])[..., 0]
+        return _general_terms(model, to_theta(w), Carry(state, carry.time), piece, moved)
 
     return linear
 
