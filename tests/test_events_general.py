@@ -186,11 +186,35 @@ def test_an_online_pass_ends_within_three_standard_errors_of_the_batch_fit():
         assert abs(z) < 3, (name, z, online.params, batch.params)
 
 
-def test_the_online_blocks_scores_sum_to_the_batch_gradient_at_a_fixed_theta():
+def _drifting():
+    """The saturating jump with a nonlinear drift dY = -kappa Y (1 + Y / 10) dt (RK4 between events)."""
+    return pp.intensity_model(
+        lambda theta, y: (theta["mu"] + y).reshape(1),
+        parameters=PARAMETERS,
+        drift=lambda theta, y: -theta["kappa"] * y * (1 + 0.1 * y),
+        jump=lambda theta, y, k, z: theta["alpha"] / (1 + y / theta["cap"]),
+        bound=lambda theta, y, horizon: (theta["mu"] + y + theta["alpha"]).reshape(1),
+        step=0.2,
+    )
+
+
+def test_with_a_drift_the_adjoint_pass_equals_torch_func_through_the_solve():
+    model = _drifting()
+    data = pp.simulate(model, _theta(TRUTH), 100.0, seed=1)
+    prepared = likelihood.prepare(model, data)
+    u = models.pack(model, _theta({"mu": 0.6, "alpha": 0.7, "kappa": 1.0, "cap": 1.5}))
+    gradient, curvature = ft.events.fitting.derivatives(model, prepared, u)
+    through = lambda w: likelihood.log_likelihood(model, models.unpack(model, w), prepared)
+    torch.testing.assert_close(torch.func.grad(through)(u), gradient, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(torch.func.jacfwd(torch.func.grad(through))(u), curvature, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["decay", "drift"])
+def test_the_online_blocks_scores_sum_to_the_batch_gradient_at_a_fixed_theta(kind):
     """The online pass's blocks (each chunk's path solved once and moved by its sensitivities, the state's
     sensitivity carried from block to block) at a fixed u: their scores, with the window's end through the
     carried sensitivity, sum to the batch gradient."""
-    model = _model({"rate": 0, "jump": 0})
+    model = _model({"rate": 0, "jump": 0}) if kind == "decay" else _drifting()
     data = pp.simulate(model, _theta(TRUTH), 150.0, seed=5)
     prepared = likelihood.prepare(model, data)
     u = models.pack(model, _theta({"mu": 0.6, "alpha": 0.7, "kappa": 1.0, "cap": 1.5}))
