@@ -215,7 +215,7 @@ def test_the_online_blocks_scores_sum_to_the_batch_gradient_at_a_fixed_theta(kin
     sensitivity carried from block to block) at a fixed u: their scores, with the window's end through the
     carried sensitivity, sum to the batch gradient."""
     model = _model({"rate": 0, "jump": 0}) if kind == "decay" else _drifting()
-    data = pp.simulate(model, _theta(TRUTH), 150.0, seed=5)
+    data = pp.simulate(model, _theta(TRUTH), 150.0 if kind == "decay" else 40.0, seed=5)
     prepared = likelihood.prepare(model, data)
     u = models.pack(model, _theta({"mu": 0.6, "alpha": 0.7, "kappa": 1.0, "cap": 1.5}))
     carry = likelihood.init(model, models.unpack(model, u), prepared.data)
