@@ -10,8 +10,10 @@ log lambda_{k_i}(t_i-) (R, b) and the compensator of each type over the interval
   the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
 - ``AdditiveModel``: Y(t_i-) is a linear recursion, scanned over a chunk; each interval's compensator by
   8-point Gauss-Legendre on pieces of at most ``model.step``, all intervals at once;
-- ``GeneralModel``: event by event (vectorised over realizations), Y in closed form between events for a
-  ``decay`` (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda).
+- ``GeneralModel``: the states after the events solved for the whole chunk by Newton's method on the
+  recursion (``recursion``: no Python per event), Y in closed form between events for a ``decay``
+  (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda); its gradient and
+  Hessian by the adjoint of the recursion (``general_derivatives``).
 
 At tied times the intensity is the left limit of the tie: an event does not see the jumps of events at its own time.
 Everything is a pure torch function of theta, so torch.func gives the gradient (forward mode carries dY/dtheta

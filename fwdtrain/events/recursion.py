@@ -10,7 +10,12 @@ along the chain.
 Derivatives: Newton's map N has dN/dx = 0 at its fixed point, so from the converged path x* held constant, one
 step x1 = N(x*, theta) has the exact first derivative in theta and a second step x2 = N(x1, theta) the exact
 second derivative (x2'' = N_tt - N_xx x' x' = x''). ``solve`` finds x* on the plain numbers (outside any
-``torch.func`` transform) and returns the two differentiated steps.
+``torch.func`` transform) and returns the two differentiated steps: any transform of a pass through it is exact.
+
+The batch fit's gradient and Hessian take a cheaper road (``derivatives``): the sensitivities forward and the
+adjoint backward along the path, two linear scans, and the second derivatives of the one-event maps only, so
+nothing is differentiated through the solve (the two differentiated steps hold Jacobians, whose second
+derivatives are third derivatives of the user's functions).
 """
 
 from __future__ import annotations
