@@ -31,11 +31,12 @@ from .data import EventData, as_events
 from .likelihood import (
     Prepared,
     forward,
+    general_derivatives,
     jet_derivatives,
     kernel_jets,
     prepare,
 )
-from .models import EventModel, ExponentialHawkes, pack, unpack
+from .models import EventModel, ExponentialHawkes, GeneralModel, pack, unpack
 from .newton import Newton, projected_newton
 from .online import OnlineState, begin, check, walk
 
@@ -79,6 +80,8 @@ def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple
     if isinstance(model, ExponentialHawkes) and model.jets:
         jets = kernel_jets(model, model.kernel.decays(unpack(model, u)), prepared)
         return jet_derivatives(model, jets, lambda w: unpack(model, w), u)[1:]
+    if isinstance(model, GeneralModel):
+        return general_derivatives(model, prepared, lambda w: unpack(model, w), u)[1:]
     gradient = grad(_objective(model, prepared, 1.0))
     curvature, first = jacfwd(lambda w: (gradient(w), gradient(w)), has_aux=True)(u)
     return first, curvature

@@ -10,8 +10,10 @@ log lambda_{k_i}(t_i-) (R, b) and the compensator of each type over the interval
   the compensator is exact, int beta S dt = S(after the previous event) - S(t_i-);
 - ``AdditiveModel``: Y(t_i-) is a linear recursion, scanned over a chunk; each interval's compensator by
   8-point Gauss-Legendre on pieces of at most ``model.step``, all intervals at once;
-- ``GeneralModel``: event by event (vectorised over realizations), Y in closed form between events for a
-  ``decay`` (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda).
+- ``GeneralModel``: the states after the events solved for the whole chunk by Newton's method on the
+  recursion (``recursion``: no Python per event), Y in closed form between events for a ``decay``
+  (Gauss-Legendre as above), else by RK4 steps of at most ``model.step`` on (Y, Lambda); its gradient and
+  Hessian by the adjoint of the recursion (``general_derivatives``).
 
 At tied times the intensity is the left limit of the tie: an event does not see the jumps of events at its own time.
 Everything is a pure torch function of theta, so torch.func gives the gradient (forward mode carries dY/dtheta
@@ -430,40 +432,111 @@ def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece
     )
 
 
-def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
-    """Any jump and flow: the states after the events, x_i = flow(x_{i-1}) + jump(flow(x_{i-1})), solved for the
-    whole chunk at once by Newton's method (``recursion.solve``: no Python per event); then Y(t_i-), the rates
-    and the compensators of all intervals at once."""
+def _general_after(model: GeneralModel, theta: Any, columns: tuple, most: int) -> Callable[[torch.Tensor, slice], Any]:
+    """after(previous, window): the states after the events of ``window`` (R, m, d) from the states after the
+    events before them (R, m, d), x_i = flow(x_{i-1}) + jump(flow(x_{i-1})); ``columns`` (gaps, substeps, types,
+    marks, mask) of the chunk (R, b, ...)."""
+
+    def after(previous: torch.Tensor, window: slice) -> torch.Tensor:
+        gap, steps, kinds, marks, mask = (column[:, window] for column in columns)
+        rows, m = gap.shape
+        flat = rows * m
+        moved, _ = _interval(model, theta, previous.reshape(flat, -1), gap.reshape(-1), steps.reshape(-1), most, False)
+        jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, moved, kinds.reshape(-1), marks.reshape(flat, -1))
+        return (moved + mask.reshape(flat, 1) * jumps).reshape(rows, m, -1)
+
+    return after
+
+
+def _general_columns(piece: Piece, time: torch.Tensor) -> tuple[tuple, int]:
+    """((gaps, substeps, types, marks, mask) (R, b, ...), the most substeps) of a chunk that follows ``time`` (R,)."""
+    gaps = piece.times - torch.cat([time[:, None], piece.times[:, :-1]], 1)
+    substeps, most = _substeps(piece)
+    return (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(D64)), most
+
+
+def _general_terms(model: GeneralModel, theta: Any, carry: Carry, piece: Piece, path: torch.Tensor):
+    """(the carry after the chunk, log lambda_{k_i}(t_i-), compensators) from the states after its events ``path``
+    (R, b, d): Y(t_i-), the rates and the compensators of all intervals at once."""
     y0, left0 = carry.state
     r, b = piece.times.shape
-    gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)
-    substeps, most = _substeps(piece)
-    columns = (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(D64))  # (R, b, ...)
-
-    def stepper(parameters: Any, data: tuple) -> Any:
-        def after(previous: torch.Tensor, window: slice) -> torch.Tensor:
-            gap, steps, kinds, marks, mask = (column[:, window] for column in data)
-            rows, m = gap.shape
-            flat = rows * m
-            moved, _ = _interval(
-                model, parameters, previous.reshape(flat, -1), gap.reshape(-1), steps.reshape(-1), most, False
-            )
-            jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(
-                parameters, moved, kinds.reshape(-1), marks.reshape(flat, -1)
-            )
-            return (moved + mask.reshape(flat, 1) * jumps).reshape(rows, m, -1)
-
-        return after
-
-    numbers = {name: _compat.primal(value) for name, value in theta.items()}
-    plain = stepper(numbers, tuple(_compat.primal(c) for c in columns))
-    path, _ = recursion.solve(stepper(theta, columns), y0, b, plain)
+    (gaps, substeps, *_), most = _general_columns(piece, carry.time)
     previous = torch.cat([y0[:, None], path[:, :-1]], 1).reshape(r * b, -1)
     before, compensator = _interval(model, theta, previous, gaps.reshape(-1), substeps.reshape(-1), most)
     assert compensator is not None
     left = _left_limits(before.reshape(r, b, -1), piece, left0)
-    carry = Carry((path[:, -1], left[:, -1]), piece.times[:, -1])
-    return carry, _log_rates(model, theta, left, piece), compensator.reshape(r, b, -1)
+    moved = Carry((path[:, -1], left[:, -1]), piece.times[:, -1])
+    return moved, _log_rates(model, theta, left, piece), compensator.reshape(r, b, -1)
+
+
+def _general_path(model: GeneralModel, theta: Any, carry: Carry, piece: Piece) -> torch.Tensor:
+    """The states after the chunk's events (R, b, d), solved for the whole chunk at once by Newton's method
+    (``recursion.solve``: no Python per event); ``recursion.settle`` where nothing is differentiated."""
+    columns, most = _general_columns(piece, carry.time)
+    numbers = {name: _compat.primal(value) for name, value in theta.items()}
+    plain = _general_after(model, numbers, tuple(_compat.primal(c) for c in columns), most)
+    n = piece.times.shape[1]
+    leaves = (*theta.values(), carry.state[0], *columns)
+    if not any(_compat.is_wrapped(v) or (isinstance(v, torch.Tensor) and v.requires_grad) for v in leaves):
+        return recursion.settle(plain, _compat.primal(carry.state[0]), n)[0]
+    return recursion.solve(_general_after(model, theta, columns, most), carry.state[0], n, plain)[0]
+
+
+def _general_chunk(model: GeneralModel, theta: Any, carry: Carry, piece: Piece):
+    """Any jump and flow: the states after the events (``_general_path``), then ``_general_terms``."""
+    return _general_terms(model, theta, carry, piece, _general_path(model, theta, carry, piece))
+
+
+def general_chunk_about(
+    model: GeneralModel, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor, carry: Carry, piece: Piece
+) -> Callable[[torch.Tensor, tuple], tuple[Carry, torch.Tensor, torch.Tensor]]:
+    """chunk(model, to_theta(w), Carry(state, carry.time), piece) as a function of (w, state) with its value and
+    first derivatives at (u, carry.state) (plain numbers): the path solved once on the plain numbers, moved by its
+    sensitivities to u and to the start (the linear recursion x'_i = J_i x'_{i-1} + d after_i / du of
+    ``recursion.derivatives``, scanned once with p + d columns), so forward mode (the online pass) differentiates
+    no solve and no scan."""
+    columns, most = _general_columns(piece, carry.time)
+    every = slice(0, piece.times.shape[1])
+    y0 = carry.state[0]
+    path = _general_path(model, to_theta(u), carry, piece)
+    previous = torch.cat([y0[:, None], path[:, :-1]], 1)
+    after = lambda w, states: _general_after(model, to_theta(w), columns, most)(states, every)
+    with torch.no_grad():
+        _, jacobian = recursion.jacobians(lambda states: after(u, states), previous)  # (R, b, d, d)
+        eye = torch.eye(u.numel(), dtype=u.dtype)
+        direct = torch.func.vmap(lambda e: torch.func.jvp(lambda w: after(w, previous), (u,), (e,))[1])(eye)
+        entering = torch.cat([jacobian[:, :1], torch.zeros_like(jacobian[:, 1:])], 1)  # the start, through J_0
+        sensitivities = recursion.matrix_scan(jacobian, torch.cat([direct.permute(1, 2, 3, 0), entering], -1))
+    p = u.numel()
+    to_u, to_start = sensitivities[..., :p], sensitivities[..., p:]  # (R, b, d, p), (R, b, d, d)
+
+    def linear(w: torch.Tensor, state: tuple) -> tuple[Carry, torch.Tensor, torch.Tensor]:
+        moved = path + to_u @ (w - u) + (to_start @ (state[0] - y0)[:, None, :, None])[..., 0]
+        return _general_terms(model, to_theta(w), Carry(state, carry.time), piece, moved)
+
+    return linear
+
+
+def general_derivatives(
+    model: GeneralModel, prepared: Prepared, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log L, its gradient (p,), its Hessian (p, p)) in u, theta = ``to_theta(u)``, of a general model: the path
+    on the plain numbers, then ``recursion.derivatives`` (forward sensitivities and the adjoint along the events,
+    second derivatives of the one-event maps only)."""
+    piece = prepared.piece
+    carry = init(model, to_theta(u), prepared.data)
+    path = _general_path(model, to_theta(u), carry, piece)
+    columns, most = _general_columns(piece, carry.time)
+    every = slice(0, piece.times.shape[1])
+
+    def objective(w: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        theta = to_theta(w)
+        moved, log_rate, compensator = _general_terms(model, theta, carry, piece, states)
+        rest = tail(model, theta, moved, prepared.data.end, prepared.tail_substeps)
+        return log_rate.sum() - compensator.sum() - rest.sum()
+
+    after = lambda w, previous: _general_after(model, to_theta(w), columns, most)(previous, every)
+    return recursion.derivatives(after, objective, carry.state[0], path, u)
 
 
 class Pass(NamedTuple):
@@ -508,6 +581,8 @@ __all__ = [
     "chunk",
     "flow",
     "forward",
+    "general_chunk_about",
+    "general_derivatives",
     "init",
     "jet_derivatives",
     "jet_log_likelihood",

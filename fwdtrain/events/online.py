@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.func import jvp, vmap
 
-from .likelihood import Carry, Piece, Prepared, chunk, init
+from .likelihood import Carry, Piece, Prepared, chunk, general_chunk_about, init
 from .models import AdditiveModel, EventModel, GeneralModel, pack, unpack
 from .newton import project, projected_newton
 
@@ -100,8 +100,13 @@ class Block(NamedTuple):
 def block_step(model: EventModel, piece: Piece, u: torch.Tensor, carry: Carry, tangents: tuple) -> Block:
     """One block at u by forward mode (p tangents at once): see the module's docstring."""
 
+    if isinstance(model, GeneralModel):  # the path solved once, moved by its sensitivities: no solve differentiated
+        about = general_chunk_about(model, lambda w: unpack(model, w), u, carry, piece)
+    else:
+        about = lambda w, state: chunk(model, unpack(model, w), Carry(state, carry.time), piece)
+
     def run(w: torch.Tensor, state: tuple) -> tuple[tuple, torch.Tensor, torch.Tensor]:
-        moved, log_rate, compensator = chunk(model, unpack(model, w), Carry(state, carry.time), piece)
+        moved, log_rate, compensator = about(w, state)
         return moved.state, log_rate, compensator.sum()
 
     eye = torch.eye(u.numel(), dtype=u.dtype)
