@@ -66,15 +66,17 @@ def table(model: ExponentialHawkes, theta: Any) -> torch.Tensor:
 
 
 class Features(NamedTuple):
-    """What log L needs at fixed decays: the features x of each type's events (K tensors (N_k, F)) and q (F,)."""
+    """What log L needs at fixed decays: the features x of each type's events (K tensors (F, N_k)) and q (F,)."""
 
     groups: tuple[torch.Tensor, ...]
     compensator: torch.Tensor
 
 
 def _group(rows: torch.Tensor, types: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
+    """The rows (N, F) of each type's events, as columns (F, N_k)."""
     order = torch.argsort(types, stable=True)
-    return tuple(torch.split(rows[order], torch.bincount(types, minlength=count).tolist()))
+    columns = rows[order].T.contiguous()
+    return tuple(torch.split(columns, torch.bincount(types, minlength=count).tolist(), 1))
 
 
 def features(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepared) -> Features:
@@ -104,30 +106,33 @@ def type_sums(
     groups: tuple[torch.Tensor, ...], rates_table: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(Phi = sum_i log(x_i . T_{k_i}), dPhi/dT (K, F), d^2 Phi / dT_k^2 (K, F, F)) of a table T (K, F), the
-    features grouped by type: d/dT_k = sum_{k_i = k} x_i / lambda_i, d^2/dT_k^2 = -sum x_i x_i' / lambda_i^2."""
+    features of each type's events as columns (F, N_k): d/dT_k = sum_{k_i = k} x_i / lambda_i,
+    d^2/dT_k^2 = -sum x_i x_i' / lambda_i^2."""
     value = rates_table.new_zeros(())
     slopes, curvatures = [], []
     for x, row in zip(groups, rates_table, strict=True):
-        rates = x @ row
+        rates = row @ x
         value = value + torch.log(rates).sum()
-        scaled = x / rates[:, None]
-        slopes.append(scaled.sum(0))
-        curvatures.append(-scaled.T @ scaled)
+        scaled = x / rates
+        slopes.append(scaled.sum(1))
+        curvatures.append(-scaled @ scaled.T)
     return value, torch.stack(slopes), torch.stack(curvatures)
 
 
 def _log_likelihood(groups: tuple[torch.Tensor, ...], compensator: torch.Tensor, rates_table: torch.Tensor):
     value = rates_table.new_zeros(())
     for x, row in zip(groups, rates_table, strict=True):
-        value = value + torch.log(x @ row).sum()
+        value = value + torch.log(row @ x).sum()
     return value - (rates_table @ compensator).sum()
 
 
 class Problem(NamedTuple):
-    """The concave problem in the linear entries of u at fixed decays: their mask (p,), u's other entries held, the
-    map M (K F, p_lin) from the linear parameters in natural units to T, and the features."""
+    """The concave problem in the linear entries of u at fixed decays: their mask (p,), which of them are positive,
+    u (its other entries held), the map M (K F, p_lin) from the linear parameters in natural units to T, and the
+    features."""
 
     linear: torch.Tensor
+    positive: torch.Tensor  # (p_lin,) the linear entries fitted through their logarithm
     u: torch.Tensor
     map: torch.Tensor
     features: Features
@@ -144,7 +149,7 @@ def linear_derivatives(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log L, gradient, Hessian) in the linear entries w of u (theta = exp(w) on the positive ones):
     g = J M' (dPhi/dT - q), H = J M' blockdiag(d^2 Phi / dT_k^2) M J + diag(g_theta theta) on the positive ones."""
-    positive = mask(model, "positive")[task.linear]
+    positive = task.positive
     theta = torch.where(positive, torch.exp(w), w)
     k = model.type_count
     rates_table = (task.map @ theta).reshape(k, -1)
@@ -158,8 +163,7 @@ def linear_derivatives(
 
 
 def _linear_value(model: ExponentialHawkes, task: Problem, w: torch.Tensor) -> torch.Tensor:
-    positive = mask(model, "positive")[task.linear]
-    theta = torch.where(positive, torch.exp(w), w)
+    theta = torch.where(task.positive, torch.exp(w), w)
     rates_table = (task.map @ theta).reshape(model.type_count, -1)
     return _log_likelihood(task.features.groups, task.features.compensator, rates_table)
 
@@ -205,12 +209,13 @@ def fit(
     decays = decay_entries(model, u)
     linear = ~decays
     reading = table_map(model, linear)
+    positive = mask(model, "positive")[linear]
     if not bool(decays.any()):
-        task = Problem(linear, u, reading, features(model, model.kernel.decays(unpack(model, u)), prepared))
+        task = Problem(linear, positive, u, reading, features(model, model.kernel.decays(unpack(model, u)), prepared))
         u, inner = _inner(model, task, iterations, tolerance, total, scale)
         value, gradient, hessian = (total(d) for d in linear_derivatives(model, task, u[linear]))
         return Solution(u, inner, value, gradient, hessian)
-    return _profile(model, prepared, u, linear, reading, iterations, tolerance, total, scale)
+    return _profile(model, prepared, u, linear, positive, reading, iterations, tolerance, total, scale)
 
 
 def decay_entries(model: ExponentialHawkes, u: torch.Tensor) -> torch.Tensor:
@@ -232,6 +237,7 @@ def _profile(
     prepared: Prepared,
     u: torch.Tensor,
     linear: torch.Tensor,
+    positive: torch.Tensor,
     reading: torch.Tensor,
     iterations: int,
     tolerance: float,
@@ -240,44 +246,47 @@ def _profile(
 ) -> Solution:
     """Projected Newton on the profile log-likelihood in the decay entries v of u (see the module's docstring);
     the last points' jets, problems and inner optima are kept for the calls that read them again."""
-    known: dict[bytes, tuple[torch.Tensor, KernelJets, Problem]] = {}
+    known: dict[bytes, dict[str, Any]] = {}
     latest = [u]  # the last inner optimum: the next inner fit's start
 
-    def solved(v: torch.Tensor) -> tuple[torch.Tensor, KernelJets, Problem]:
+    def solved(v: torch.Tensor) -> dict[str, Any]:
         key = v.numpy().tobytes()
         if key not in known:
             if len(known) > 3:
                 known.pop(next(iter(known)))
             point = latest[0].masked_scatter(~linear, v)
             jets = kernel_jets(model, model.kernel.decays(unpack(model, point)), prepared)
-            task = Problem(linear, point, reading, from_jets(model, jets, prepared))
+            task = Problem(linear, positive, point, reading, from_jets(model, jets, prepared))
             latest[0], _ = _inner(model, task, iterations, tolerance, total, scale)
-            known[key] = (latest[0], jets, task)
+            known[key] = {"u": latest[0], "jets": jets, "task": task}
         return known[key]
 
     def profile(v: torch.Tensor) -> torch.Tensor:
-        point, _, task = solved(v)
-        return total(_linear_value(model, task, point[linear])) / scale
+        point = solved(v)
+        return total(_linear_value(model, point["task"], point["u"][linear])) / scale
 
     def joint(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        point, jets, _ = solved(v)
-        value, gradient, hessian = jet_derivatives(model, jets, lambda w: unpack(model, w), point)
-        return total(value), total(gradient), total(hessian)
+        point = solved(v)
+        if "joint" not in point:
+            found = jet_derivatives(model, point["jets"], lambda w: unpack(model, w), point["u"])
+            point["joint"] = tuple(total(d) for d in found)
+        return point["joint"]
 
     def reduced(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _, gradient, hessian = joint(v)
-        free = linear & ~active(solved(v)[0], gradient, mask(model, "nonnegative"))
+        free = linear & ~active(solved(v)["u"], gradient, mask(model, "nonnegative"))
         outer = ~linear
         coupling = hessian[outer][:, free]
-        schur = (
-            hessian[outer][:, outer] - coupling @ torch.linalg.pinv(hessian[free][:, free], hermitian=True) @ coupling.T
-        )
-        return gradient[outer] / scale, schur / scale
+        inverse = torch.linalg.pinv(hessian[free][:, free], hermitian=True)  # singular: a type without events
+        schur = hessian[outer][:, outer] - coupling @ inverse @ coupling.T
+        # the inner optimum is exact to its last (untaken) Newton step: the step's first-order effect on g_v
+        slope = gradient[outer] - coupling @ inverse @ gradient[free]
+        return slope / scale, schur / scale
 
     start = u[~linear]
     outer = projected_newton(profile, reduced, start, torch.zeros_like(start, dtype=torch.bool), iterations, tolerance)
     value, gradient, hessian = joint(outer.x)
-    return Solution(solved(outer.x)[0], outer, value, gradient, hessian)
+    return Solution(solved(outer.x)["u"], outer, value, gradient, hessian)
 
 
 __all__ = [
