@@ -31,7 +31,7 @@ import torch
 
 from .data import D64
 from .expsums import strict_sums
-from .likelihood import KernelJets, Prepared, jet_derivatives, kernel_jets
+from .likelihood import KernelJets, Prepared, jet_derivatives, kernel_jets, type_columns, type_sums
 from .models import EventModel, ExponentialHawkes, season_exposure, season_pieces, unpack
 from .newton import Newton, active, projected_newton
 
@@ -72,23 +72,18 @@ class Features(NamedTuple):
     compensator: torch.Tensor
 
 
-def _group(rows: torch.Tensor, types: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
-    """The rows (N, F) of each type's events, as columns (F, N_k)."""
-    order = torch.argsort(types, stable=True)
-    columns = rows[order].T.contiguous()
-    return tuple(torch.split(columns, torch.bincount(types, minlength=count).tolist(), 1))
-
-
 def features(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepared) -> Features:
     """The features and compensator coefficients at ``decays`` (U,) (see the module's docstring): one pass."""
     data, knots, k = prepared.data, model.kernel.knots, model.type_count
     sums, at_end = strict_sums(decays, data.times, data.types, data.mask, data.end, k)
-    sums = sums[data.mask] * decays[:, None]  # (N, U, K)
-    times, types = data.times[data.mask], data.types[data.mask]
-    rows = torch.cat([season_pieces(knots, times), sums.reshape(sums.shape[0], -1)], 1)
+    groups = []
+    for kind in range(k):
+        chosen = data.mask & (data.types == kind)
+        rows = torch.cat([season_pieces(knots, data.times[chosen]), (sums[chosen] * decays[:, None]).flatten(1)], 1)
+        groups.append(rows.T.contiguous())
     excitation = data.counts().sum(0) - at_end.sum(0)  # (U, K)
     exposure = (season_exposure(knots, data.end) - season_exposure(knots, data.start)).sum(0)
-    return Features(_group(rows, types, k), torch.cat([exposure, excitation.reshape(-1)]))
+    return Features(tuple(groups), torch.cat([exposure, excitation.reshape(-1)]))
 
 
 def from_jets(model: ExponentialHawkes, jets: KernelJets, prepared: Prepared) -> Features:
@@ -99,24 +94,7 @@ def from_jets(model: ExponentialHawkes, jets: KernelJets, prepared: Prepared) ->
     types = prepared.data.types[prepared.data.mask]
     at_end = (jets.last.value * torch.exp(-jets.remaining[:, None] * jets.decays)[..., None]).sum(0)  # (U, K)
     compensator = torch.cat([jets.exposure, (jets.counts - at_end).reshape(-1)])
-    return Features(_group(torch.cat([jets.features[:, :p], sums.reshape(n, -1)], 1), types, k), compensator)
-
-
-def type_sums(
-    groups: tuple[torch.Tensor, ...], rates_table: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Phi = sum_i log(x_i . T_{k_i}), dPhi/dT (K, F), d^2 Phi / dT_k^2 (K, F, F)) of a table T (K, F), the
-    features of each type's events as columns (F, N_k): d/dT_k = sum_{k_i = k} x_i / lambda_i,
-    d^2/dT_k^2 = -sum x_i x_i' / lambda_i^2."""
-    value = rates_table.new_zeros(())
-    slopes, curvatures = [], []
-    for x, row in zip(groups, rates_table, strict=True):
-        rates = row @ x
-        value = value + torch.log(rates).sum()
-        scaled = x / rates
-        slopes.append(scaled.sum(1))
-        curvatures.append(-scaled @ scaled.T)
-    return value, torch.stack(slopes), torch.stack(curvatures)
+    return Features(type_columns(torch.cat([jets.features[:, :p], sums.reshape(n, -1)], 1), types, k), compensator)
 
 
 def _log_likelihood(groups: tuple[torch.Tensor, ...], compensator: torch.Tensor, rates_table: torch.Tensor):
@@ -303,5 +281,4 @@ __all__ = [
     "split",
     "table",
     "table_map",
-    "type_sums",
 ]
