@@ -224,11 +224,11 @@ def _profile(
 ) -> Solution:
     """Projected Newton on the profile log-likelihood in the decay entries v of u (see the module's docstring);
     the last points' jets, problems and inner optima are kept for the calls that read them again."""
-    known: dict[bytes, dict[str, Any]] = {}
+    known: dict[tuple[float, ...], dict[str, Any]] = {}
     latest = [u]  # the last inner optimum: the next inner fit's start
 
     def solved(v: torch.Tensor) -> dict[str, Any]:
-        key = v.numpy().tobytes()
+        key = tuple(v.tolist())
         if key not in known:
             if len(known) > 3:
                 known.pop(next(iter(known)))
