@@ -94,4 +94,42 @@ def exponential_sum_jets(
     return (x0, x1, x2), (x0[:, -1] + onehot[:, -1, None, :], x1[:, -1], x2[:, -1])
 
 
-__all__ = ["exponential_sum_jets", "exponential_sums", "linear_scan"]
+def strict_sums(
+    decays: torch.Tensor, times: torch.Tensor, types: torch.Tensor, mask: torch.Tensor, end: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S (R, n, U, K), S_end (R, U, K)): S_uj(t_i-) = sum over the type-j events strictly before t_i of
+    exp(-b_u (t_i - t_m)), from 0 at each realization's start, and the same sum over all type-j events at ``end``
+    (R,). Events with mask False add nothing (their own rows hold no meaning).
+
+    Each (realization, type) stream alone: A_l = 1 + exp(-b (tau_l - tau_{l-1})) A_{l-1}, the sum just after its
+    l-th event (``linear_scan`` over n U numbers, not n U K), then each event reads its stream's last event strictly
+    before it (the stream's count before the event's tie began), S = A_l exp(-b (t_i - tau_l)): ties need no
+    correction. Not for torch.func (the layout depends on the data); ``exponential_sums`` is the differentiable
+    form."""
+    r, n = times.shape
+    u = decays.shape[0]
+    onehot = torch.nn.functional.one_hot(types, count) * mask[..., None]  # (R, n, K)
+    running = torch.cumsum(onehot, 1)  # each stream's events up to i
+    length = max(int(running[:, -1].max()), 1)
+    rank = torch.gather(running, 2, types[..., None])[..., 0]  # each event's place in its stream, from 1
+    dump = r * count * (length + 1)  # where the padding is written
+    slot = torch.where(mask, (torch.arange(r)[:, None] * count + types) * (length + 1) + rank, dump)
+    streams = torch.zeros(dump + 1, dtype=times.dtype).scatter_(0, slot.reshape(-1), times.reshape(-1))
+    streams = streams[:-1].reshape(r * count, length + 1)  # place 0: before the stream's first event
+    sizes = running[:, -1].reshape(-1)  # (R K,)
+    gaps = torch.where(torch.arange(1, length) < sizes[:, None], torch.diff(streams[:, 1:], dim=1), 0.0)
+    fades = torch.cat([times.new_zeros((r * count, 1, u)), torch.exp(-gaps[..., None] * decays)], 1)
+    after = linear_scan(fades, torch.ones_like(fades))  # (R K, L, U): A_l
+    after = torch.cat([after.new_zeros((r * count, 1, u)), after], 1)  # A_0 = 0: no event yet
+    tied = torch.cat([torch.zeros_like(mask[:, :1]), times[:, 1:] == times[:, :-1]], 1)
+    first = torch.cummax(torch.where(tied, 0, torch.arange(n).expand(r, n)), 1).values  # each tie's first event
+    before = torch.gather(running - onehot, 1, first[..., None].expand(r, n, count))  # (R, n, K) strictly earlier
+    before = before.permute(0, 2, 1).reshape(r * count, n)
+    since = times[:, None, :].expand(r, count, n).reshape(r * count, n) - streams.gather(1, before)
+    sums = after.gather(1, before[..., None].expand(-1, -1, u)) * torch.exp(-since[..., None] * decays)
+    since = end.repeat_interleave(count) - streams.gather(1, sizes[:, None])[:, 0]
+    at_end = after.gather(1, sizes[:, None, None].expand(-1, 1, u))[:, 0] * torch.exp(-since[:, None] * decays)
+    return sums.reshape(r, count, n, u).permute(0, 2, 3, 1), at_end.reshape(r, count, u).permute(0, 2, 1)
+
+
+__all__ = ["exponential_sum_jets", "exponential_sums", "linear_scan", "strict_sums"]

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.func import grad, jacfwd, vmap
 
+from . import linear
 from .data import EventData, as_events
 from .likelihood import (
     Prepared,
@@ -87,29 +88,14 @@ def derivatives(model: EventModel, prepared: Prepared, u: torch.Tensor) -> tuple
     return first, curvature
 
 
-def _mask(model: EventModel, domain: str) -> torch.Tensor:
-    """(p,) True on the entries of the parameters whose ``domain`` ("positive" or "nonnegative") is set."""
-    flags = [torch.full((math.prod(s.shape),), getattr(s, domain), dtype=torch.bool) for s in model.parameters.values()]
-    return torch.cat(flags) if flags else torch.zeros(0, dtype=torch.bool)
-
-
 def natural_information(
     model: EventModel, u: torch.Tensor, gradient: torch.Tensor, curvature: torch.Tensor
 ) -> torch.Tensor:
     """-d^2 log L / dtheta^2 in natural units from the gradient and Hessian of log L in u."""
-    positive = _mask(model, "positive")
+    positive = linear.mask(model, "positive")
     theta = torch.where(positive, torch.exp(u), torch.ones_like(u))
     chain = torch.where(positive, gradient, torch.zeros_like(gradient))  # d L / du of the positive entries
     return -(curvature - torch.diag(chain)) / (theta[:, None] * theta[None, :])
-
-
-def _split(model: EventModel, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, start = {}, 0
-    for name, spec in model.parameters.items():
-        n = math.prod(spec.shape)
-        out[name] = flat[start : start + n].reshape(spec.shape)
-        start += n
-    return out
 
 
 def _errors(information: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,15 +146,32 @@ def _finish(
     model: EventModel, prepared: Prepared, u: torch.Tensor, method: str, solver: Newton, path: dict, reduce: Sum
 ) -> FitResult:
     gradient, curvature = (reduce(d) for d in derivatives(model, prepared, u))
+    value = float(reduce(_objective(model, prepared, 1.0)(u)))
+    return _result(model, prepared, u, gradient, curvature, value, method, solver, path, reduce)
+
+
+def _result(
+    model: EventModel,
+    prepared: Prepared,
+    u: torch.Tensor,
+    gradient: torch.Tensor,
+    curvature: torch.Tensor,
+    value: float,
+    method: str,
+    solver: Newton,
+    path: dict,
+    reduce: Sum,
+) -> FitResult:
+    """The ``FitResult`` at u from log L's gradient and Hessian in u there (summed over the processes)."""
     observed = natural_information(model, u, gradient, curvature)
-    held = _mask(model, "nonnegative") & (u <= 0)
+    held = linear.mask(model, "nonnegative") & (u <= 0)
     covariance, errors = _errors(observed, held)
     return FitResult(
         params=unpack(model, u),
-        stderr=_split(model, errors),
-        at_bound=_split(model, held),
+        stderr=linear.split(model, errors),
+        at_bound=linear.split(model, held),
         covariance=covariance,
-        log_likelihood=float(reduce(_objective(model, prepared, 1.0)(u))),
+        log_likelihood=value,
         information=observed,
         method=method,
         iterations=solver.iterations,
@@ -213,12 +216,16 @@ def batch(
     u = total(u) / total(torch.ones((), dtype=u.dtype))
     scale = float(total(torch.tensor(float(prepared.data.events)))) or 1.0
     objective = lambda w: total(_objective(model, prepared, 1.0)(w)) / scale
+    if solver == "newton" and isinstance(model, ExponentialHawkes) and model.jets:
+        found = linear.fit(model, prepared, u, iterations, tolerance, total, scale)
+        value = float(found.log_likelihood)
+        return _result(model, prepared, found.u, found.gradient, found.hessian, value, "batch", found.newton, {}, total)
     if solver == "newton":
         scaled = lambda w: tuple(total(d) / scale for d in derivatives(model, prepared, w))
-        result = projected_newton(objective, scaled, u, _mask(model, "nonnegative"), iterations, tolerance)  # type: ignore[arg-type]
+        result = projected_newton(objective, scaled, u, linear.mask(model, "nonnegative"), iterations, tolerance)  # type: ignore[arg-type]
     elif solver == "lbfgs":
         # L-BFGS has no bounds: the nonnegative entries go through exp, as the positive ones do in u
-        bounded = _mask(model, "nonnegative")
+        bounded = linear.mask(model, "nonnegative")
         natural = lambda v: torch.where(bounded, torch.exp(torch.where(bounded, v, 0)), v)
         result = _lbfgs(
             lambda v: objective(natural(v)), torch.where(bounded, u.clamp(min=1e-8).log(), u), iterations, tolerance
@@ -244,7 +251,7 @@ def online(
         raise ValueError(f"online block must be a positive number of events, got {block!r}")
     if not (math.isfinite(radius) and radius > 0):
         raise ValueError(f"online radius (the largest move per block) must be a positive number, got {radius!r}")
-    bounded = _mask(model, "nonnegative")
+    bounded = linear.mask(model, "nonnegative")
     if state is None:
         state = begin(model, prepared, start, prior)
     else:
@@ -257,8 +264,8 @@ def online(
     trajectory = vmap(lambda w: unpack(model, w))(torch.stack(path)) if path else {}
     return FitResult(
         params=unpack(model, moved.u),
-        stderr=_split(model, errors),
-        at_bound=_split(model, held),
+        stderr=linear.split(model, errors),
+        at_bound=linear.split(model, held),
         covariance=covariance,
         log_likelihood=moved.log_likelihood,
         information=observed,

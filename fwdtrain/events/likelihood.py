@@ -289,21 +289,39 @@ def jet_log_likelihood(model: ExponentialHawkes, theta: Any, jets: KernelJets) -
     return torch.log(intensities).sum() - compensator
 
 
+def type_columns(rows: torch.Tensor, types: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
+    """The rows (N, F) of each type's events, as columns (F, N_k), k = 0..count-1."""
+    order = torch.argsort(types, stable=True)
+    columns = rows[order].T.contiguous()
+    return tuple(torch.split(columns, torch.bincount(types, minlength=count).tolist(), 1))
+
+
+def type_sums(groups: tuple[torch.Tensor, ...], table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Phi = sum_i log(x_i . T_{k_i}), dPhi/dT (K, F), d^2 Phi / dT_k^2 (K, F, F)) of a table T (K, F), the
+    features of each type's events as columns (F, N_k) (``type_columns``): d/dT_k = sum_{k_i = k} x_i / lambda_i,
+    d^2/dT_k^2 = -sum x_i x_i' / lambda_i^2."""
+    value = table.new_zeros(())
+    slopes, curvatures = [], []
+    for x, row in zip(groups, table, strict=True):
+        rates = row @ x
+        value = value + torch.log(rates).sum()
+        scaled = x / rates
+        slopes.append(scaled.sum(1))
+        curvatures.append(-scaled @ scaled.T)
+    return value, torch.stack(slopes), torch.stack(curvatures)
+
+
 def jet_derivatives(
     model: ExponentialHawkes, jets: KernelJets, to_theta: Callable[[torch.Tensor], Any], u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log L, its gradient (p,), its Hessian (p, p)) in u at a u whose decays are ``jets.decays``, theta =
     ``to_theta(u)``. The events enter through Phi(T) = sum_i log(x_i . T_{k_i}) of the table T (K, F), whose
-    derivatives are closed-form, d Phi / d T_k = sum_{k_i = k} x_i / lambda_i and
+    derivatives are closed-form (``type_sums``), d Phi / d T_k = sum_{k_i = k} x_i / lambda_i and
     d^2 Phi / d T_k^2 = -sum_{k_i = k} x_i x_i^T / lambda_i^2 (one pass over the events, no tangents); u enters
     through the small map u -> (T, compensator), differentiated by torch.func (reverse over reverse) on the surrogate
     Phi(T0) + G . (T - T0) + (T - T0) H (T - T0) / 2 - compensator, equal to log L to second order at u."""
     table0, _ = _jet_table(model, to_theta(u), jets)
-    intensities = ((jets.features @ table0.T) * jets.onehot).sum(1)
-    inverse = jets.onehot / intensities[:, None]  # (N, K)
-    slope = inverse.T @ jets.features  # (K, F)
-    squares = inverse * inverse
-    curvature = -torch.stack([(jets.features * squares[:, k, None]).T @ jets.features for k in range(model.type_count)])
+    logs, slope, curvature = type_sums(type_columns(jets.features, jets.onehot.argmax(1), model.type_count), table0)
 
     def surrogate(w: torch.Tensor) -> torch.Tensor:
         table, compensator = _jet_table(model, to_theta(w), jets)
@@ -312,7 +330,7 @@ def jet_derivatives(
 
     gradient = torch.func.grad(surrogate)(u)
     hessian = torch.func.jacrev(torch.func.jacrev(surrogate))(u)  # reverse over reverse: the map is small
-    value = torch.log(intensities).sum() - _jet_table(model, to_theta(u), jets)[1]
+    value = logs - _jet_table(model, to_theta(u), jets)[1]
     return value, gradient, hessian
 
 
@@ -591,4 +609,6 @@ __all__ = [
     "pieces",
     "prepare",
     "tail",
+    "type_columns",
+    "type_sums",
 ]
