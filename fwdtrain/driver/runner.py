@@ -25,7 +25,7 @@ from ..problems.trainable import Trainable
 from .block import Carry, Stepping
 from .checkpoint import Checkpoint
 from .hooks import Hook, check_hooks
-from .loop import Loop, check_learning_rate, continued
+from .loop import Loop, continued
 from .options import Checks, SaveAt, check_checks, check_save
 
 
@@ -115,7 +115,7 @@ def setup(
     trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
     schedule = trainable.schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
-        check_learning_rate(schedule, t, lr)
+        _checks.check_alpha(schedule(t), t, lr)
     _checks.check_initial_state(trainable.within(state, checks.bound), trainable.checked(state), checks.bound)
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)

@@ -17,7 +17,6 @@ the two are the same thing (``jit_step`` returns one object per problem and opti
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -47,20 +46,6 @@ class _Compiled(NamedTuple):
 
     kernel: Kernel
     run: Callable[[Flat], Flat] | None
-
-
-def _alpha_value(alpha: Any) -> float | None:
-    """alpha(t_n) as a float when it is a finite number >= 0 (a Python number or a 0-d floating tensor), else None
-    (then ``_checks.check_alpha`` says what is wrong)."""
-    if isinstance(alpha, torch.Tensor):
-        if alpha.ndim != 0 or not alpha.is_floating_point():
-            return None
-        value = alpha.item()
-    elif isinstance(alpha, (float, int)) and not isinstance(alpha, bool):
-        value = float(alpha)
-    else:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _dt_key(dt: Any) -> float | None:
@@ -134,10 +119,10 @@ class JitStep:
         """The value checks of every call: leaves that require grad, dt; returns alpha(t_n), checked."""
         if any(leaf.requires_grad for leaf in leaves) and all(_checks.is_concrete(leaf) for leaf in leaves):
             check_step_inputs(self.sde, state, dw, dt, lr, self.problem.optimizer)  # raises with the message
+        _checks.check_lr(lr)  # a number: finite and >= 0; a schedule: its value alpha(t_n), below
         alpha = learning_rate(lr, state.t)
-        if not _checks.is_concrete(alpha) or _alpha_value(alpha) is None:
-            _checks.check_lr(lr)  # raises with the message of a bad number
-            _checks.check_alpha(alpha, state.t, lr)  # raises with the message of a bad schedule
+        if callable(lr):
+            _checks.check_alpha(alpha, state.t, lr)
         return alpha
 
     # ---- eager ----
