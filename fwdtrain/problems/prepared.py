@@ -317,18 +317,7 @@ def step_with_info(
     mode: Mode = "auto",
     compile: bool | Compile = False,
 ) -> tuple[State, StepInfo]:
-    """``step``, also returning the step's diagnostics at time n.
-
-    Args:
-        sde: The problem; the other arguments are those of ``fwdtrain.step``.
-        state: The current ``State``.
-        dw: Brownian increments, shape (N, m).
-        dt: The step h > 0.
-        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
-        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
-        optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
-        mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
-        compile: Take the step through a compiled kernel (True, or a ``fwdtrain.Compile`` naming the route).
+    """``step``, also returning the step's diagnostics at time n; the arguments are those of ``fwdtrain.step``.
 
     Returns:
         ``(new_state, StepInfo(cost, gradient))``: cost = (1/N) sum_i c(X_n^i, theta_n), 0-d, and
