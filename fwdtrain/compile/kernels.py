@@ -40,7 +40,7 @@ FUSED_CAT_UP_TO = 512  # state numbers up to which a kernel's concatenations are
 
 def counts() -> dict[str, int]:
     """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
-    and how many fell back to another route; ``traced_ops`` and ``simplified_ops``: the ATen calls of every
+    and how many fell back (to torch.compile, or eager); ``traced_ops`` and ``simplified_ops``: the ATen calls of every
     traced graph as traced and after ``graphs.simplify`` (``cache.events``)."""
     return cache.events()
 
@@ -137,7 +137,7 @@ def _close(computed: Any, expected: Any) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- the AOTInductor route
+# ------------------------------------------------------------- the AOTInductor compiler
 
 WORKER = ("-m", "fwdtrain.compile.worker")  # the compile's process: ``python -m fwdtrain.compile.worker job package``
 QUIET_ENV = "FWDTRAIN_QUIET"  # set (to anything but "" or "0"): no line when a compile starts
@@ -295,7 +295,7 @@ class Kernel:
         self.out_spec: Any = None
         self.checked = not options.verify
         self.failure = ""  # why tracing failed ("": it did not)
-        if options.route == "aot":
+        if options.compiler == "aot":
             try:
                 self.package, self.out_spec = trace(*args)
             except Exception as error:
@@ -421,7 +421,7 @@ def block_kernel(
     """``graphs.run_block`` of the flat ``body``, ``check`` and ``observe`` (records for up to ``capacity`` rows)
     compiled for arguments shaped like ``args`` = (*grids, alive, blocks, carry) (``graphs.Grids``: five 0-d int64
     tensors), built once per process (``key``: what the body depends on besides its inputs: the problem, dt, plan,
-    bound, record). The ``"dynamo"`` route compiles ``part`` (default ``body``) and steps with ``wrap(compiled)``."""
+    bound, record). The ``"dynamo"`` compiler compiles ``part`` (default ``body``) and steps with ``wrap(compiled)``."""
     _compat.use_cache_folders(cache.cache_dir())
 
     def meaning(*args: Any, step: Callable[..., tuple] = body) -> Any:

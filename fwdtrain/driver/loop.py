@@ -130,7 +130,7 @@ class Loop:
         with ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
         options, tier = self.options, self.tier
         if tier == "new":
-            auto = options.enabled == "auto" and options.route == "aot"
+            auto = options.enabled == "auto" and options.compiler == "aot"
             if (
                 options.enabled is False
                 or self.stepping.reduce is not None

@@ -243,7 +243,7 @@ def choose_route(
     options = loop.options
     if options.enabled is False or (loop.stepping.reduce is not None and options.enabled == "auto"):
         return "eager (compile=False)" if options.enabled is False else "eager (a gradient hook: compile=True compiles)"
-    if options.enabled is True or options.route == "dynamo":
+    if options.enabled is True or options.compiler == "dynamo":
         return "compiled (compile=True)"
     if loop.end < (options.after or 0):  # as_compile has set it
         return f"eager (the run ends before step {options.after}, Compile(after=...))"

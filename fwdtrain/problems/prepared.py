@@ -265,8 +265,8 @@ def jit_step(
         solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
         optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
         mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
-        compile: Take the steps through a compiled kernel (default: True, the AOTInductor route); a
-            ``fwdtrain.Compile`` chooses the route (``Compile(True, route="dynamo")``: ``torch.compile``);
+        compile: Take the steps through a compiled kernel (default: True, AOTInductor); a
+            ``fwdtrain.Compile`` chooses the compiler (``Compile(True, compiler="dynamo")``: ``torch.compile``);
             False: eager, with the checks and plans still prepared once per key.
 
     Returns:
