@@ -123,40 +123,52 @@ class Loop:
         """ "compiled" or "eager": how the next block runs."""
         return "compiled" if self.block.compiled else "eager"
 
+    def first_route(self) -> str:
+        """How the run's first block goes, in one line: "compiled" (``compile=True``, or the kernel's package on disk,
+        found by its own key) or "eager" and why; "eager, compiling ..." where its compile starts in the background."""
+        options = self.options
+        if options.enabled is False:
+            return "eager (compile=False)"
+        if options.enabled is True:
+            return "compiled (compile=True)"
+        if self.stepping.reduce is not None:
+            return "eager (a gradient hook: compile=True compiles)"
+        if options.compiler == "dynamo":
+            return "compiled (compile=True)"
+        if self.end < (options.after or 0):  # as_compile has set it
+            return f"eager (the run ends before step {options.after}, Compile(after=...))"
+        if self.block.build_kernel().loaded():
+            return "compiled (the kernel is on disk)"
+        return "eager, compiling its kernel in the background (no kernel on disk)"
+
     def _tier(self) -> None:
-        """Before a block: the run's first block switches to the kernel with ``compile=True`` (compiled first where
-        not on disk) and, by default, where the run reaches step ``Compile.after`` and the kernel is on disk, else
-        it starts the kernel's compile in the background; a later block switches once that compile is ready (not
-        with ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
-        options, tier = self.options, self.tier
-        if tier == "new":
-            auto = options.enabled == "auto" and options.compiler == "aot"
-            if (
-                options.enabled is False
-                or self.stepping.reduce is not None
-                or (auto and self.end < (options.after or 0))
-            ):
-                self.tier = "eager"
-                return
-            kernel = self.block.build_kernel()
-            if not auto or kernel.loaded():
+        """Before a block: the run's first block takes its ``first_route``, starting the kernel's compile in the
+        background where it says so; a later block switches once that compile is ready (not with
+        ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
+        if self.tier == "new":
+            route = self.first_route()
+            if route.startswith("compiled"):
+                self.block.build_kernel()
                 self._switch()
-                return
-            if kernel.package is None:
-                self._stay_eager(f"the step could not be traced ({kernel.failure})")
-                return
-            kernel.package.start("in the background, the run stepping eagerly meanwhile")
-            self.tier = "compiling"
-        elif tier == "compiling":
-            package = self.block.kernel.package if self.block.kernel is not None else None
-            failure = package.poll() if package is not None else "no package"
-            if failure is None:
-                if options.switch:
-                    self._switch()
-                else:
-                    self.tier = "eager"
-            elif failure:
-                self._stay_eager(f"the background compile of the step failed ({failure})")
+            elif route.startswith("eager,"):
+                kernel = self.block.build_kernel()
+                if kernel.package is None:
+                    self._stay_eager(f"the step could not be traced ({kernel.failure})")
+                    return
+                kernel.package.start("in the background, the run stepping eagerly meanwhile")
+                self.tier = "compiling"
+            else:
+                self.tier = "eager"
+            return
+        package = self.block.kernel.package if self.block.kernel is not None else None
+        failure = package.poll() if package is not None else "no package"
+        if failure is None:
+            if self.options.switch:
+                self._switch()
+            else:
+                self.tier = "eager"
+        elif failure:
+            self._stay_eager(f"the background compile of the step failed ({failure})")
 
     def _switch(self) -> None:
         self.block.compiled, self.tier, self.compiled_from = True, "compiled", self.carry.n

@@ -240,16 +240,7 @@ def choose_route(
     loop = setup(
         problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, compile=compile, save=None, hooks=()
     )
-    options = loop.options
-    if options.enabled is False or (loop.stepping.reduce is not None and options.enabled == "auto"):
-        return "eager (compile=False)" if options.enabled is False else "eager (a gradient hook: compile=True compiles)"
-    if options.enabled is True or options.compiler == "dynamo":
-        return "compiled (compile=True)"
-    if loop.end < (options.after or 0):  # as_compile has set it
-        return f"eager (the run ends before step {options.after}, Compile(after=...))"
-    if loop.block.build_kernel().loaded():
-        return "compiled (the kernel is on disk)"
-    return "eager, compiling its kernel in the background (no kernel on disk)"
+    return loop.first_route()
 
 
 def execute(loop: Loop) -> Run:
