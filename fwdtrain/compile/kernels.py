@@ -9,7 +9,7 @@ else the traced module is saved to a job file and compiled by AOTInductor in ano
 (``python -m fwdtrain.compile.worker``: torch.export and ``aoti_compile_and_package`` there, no closure crosses),
 which a run waits for (``compile=True``) or steps eagerly beside (``start``, ``poll``). Where tracing or the
 compile fails, ``torch.compile`` of the step, else eager, each fallback said in one warning line.
-``counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
+``cache.counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
 """
 
 from __future__ import annotations
@@ -32,17 +32,11 @@ import torch
 from .. import _compat
 from ..core._tree import leaves
 from . import cache, graphs
+from .cache import counts as counts  # fwdtrain.compile.kernels.counts, as tests and benchmarks call it
 from .options import Compile
 
 SINGLE_THREAD_BELOW = 1 << 16  # state numbers under which kernels run on one thread (no fork/join per kernel)
 FUSED_CAT_UP_TO = 512  # state numbers up to which a kernel's concatenations are fused (one particle, small model)
-
-
-def counts() -> dict[str, int]:
-    """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
-    and how many fell back (to torch.compile, or eager); ``traced_ops`` and ``simplified_ops``: the ATen calls of every
-    traced graph as traced and after ``graphs.simplify`` (``cache.events``)."""
-    return cache.events()
 
 
 def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
