@@ -357,9 +357,7 @@ class Kernel:
         after the first call (the package checked), for leaves laid out as ``flat`` is, when that is the package's
         own layout; None otherwise (then call the kernel)."""
         package = self.package
-        if package is None or package.run is None or not self.checked:
-            return None
-        if [(t.dtype, t.shape, t.stride()) for t in flat] != package.signature:
+        if package is None or package.run is None or not self.checked or package.fits(flat) is not flat:
             return None
         return package.run
 

@@ -26,7 +26,6 @@ from ..core.history import History, Records, build, empty_records, last_step
 from ..core.noise import Noise
 from ..core.state import State
 from ..optim import Average
-from ..problems.trainable import Trainable
 from .block import Block, Carry, Outcome, Stepping
 from .hooks import Hook
 from .options import Checks, SaveAt
@@ -65,7 +64,6 @@ class Loop:
 
     def __init__(
         self,
-        problem: Trainable,
         stepping: Stepping,
         source: Noise,
         carry: Carry,
@@ -78,13 +76,13 @@ class Loop:
         options: Compile,
         lr: Any,
     ) -> None:
-        self.problem, self.stepping, self.source = problem, stepping, source
+        self.problem, self.stepping, self.source = stepping.problem, stepping, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
         self.previous, self.lr, self.options = previous, lr, options
         self.chunk = options.chunk  # steps of noise drawn at once: the longest block
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
-        self.record_state: Callable[[State], Any] = save.record or problem.record
+        self.record_state: Callable[[State], Any] = save.record or stepping.problem.record
         self.records: list[Records] = []
         self.empty = empty_records(self.record_state(carry.state))
         averaged = isinstance(carry.state.average, Average)
@@ -93,7 +91,7 @@ class Loop:
         self.good = (carry, source.state_dict(carry.n))  # the last checked carry, with its noise position
         # the members still running and the step each froze at (-1: running): (E,) for a problem of E members (its
         # ``within`` answers one flag per member), 0-d for one run (its failure raises instead of freezing)
-        flags = problem.within(carry.state, checks.bound)
+        flags = self.problem.within(carry.state, checks.bound)
         self.ensemble = flags.ndim > 0
         self.alive, self.frozen_at = torch.ones_like(flags, dtype=torch.bool), torch.full(flags.shape, -1)
         diverged = previous.diverged if previous is not None and self.ensemble else None

@@ -123,7 +123,6 @@ def setup(
     plan = trainable.plan(state, options.derivative_mode())
     stepping = Stepping(trainable, float(dt) if options.enabled is not False else dt, plan, schedule, _reduce(hooks))
     loop = Loop(
-        trainable,
         stepping,
         source,
         Carry(state, first, total, None),
