@@ -422,11 +422,3 @@ def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was(
     assert [b.numel() for b in buffers] == [7, 1, 10]
     for got, want in zip(packing.unpack(buffers), leaves_, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-
-
-def test_the_renamed_clear_says_its_new_name():
-    """0.5 renamed ``fwdtrain.compile.clear`` (forget this process's kernels): "clear" empties the folder on disk."""
-    with pytest.raises(AttributeError, match=r"forget_kernels\(\) since 0.5"):
-        ft.compile.clear()
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        ft.compile.nothing  # noqa: B018

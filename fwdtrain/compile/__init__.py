@@ -14,9 +14,3 @@ from .kernels import block_kernel, function_kernel
 from .options import Compile
 
 __all__ = ["Compile", "block_kernel", "cache_dir", "counts", "forget_kernels", "function_kernel"]
-
-
-def __getattr__(name: str) -> object:
-    if name == "clear":  # renamed in 0.5: "clear" is cache.clear, the folder on disk
-        raise AttributeError("fwdtrain.compile.clear() is fwdtrain.compile.forget_kernels() since 0.5")
-    raise AttributeError(f"module 'fwdtrain.compile' has no attribute {name!r}")
