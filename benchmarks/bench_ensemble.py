@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     compile = ft.Compile(True)
     if args.quick:
         args.members, args.particles, args.steps, args.rounds = 2, "4", 16, 1
-        compile = ft.Compile(True, route="dynamo", backend="eager")
+        compile = ft.Compile(True, compiler="dynamo", backend="eager")
     before = machine.describe()
     rows = []
     for particles in (int(n) for n in args.particles.split(",")):

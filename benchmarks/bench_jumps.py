@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     segment = args.segment or (64 if args.quick else 2048)
     eager_steps = 16 if args.quick else 256
     repeats = args.repeats or (2 if args.quick else 5)
-    compiled = ft.Compile(True, route="dynamo", backend="eager") if args.quick else True
+    compiled = ft.Compile(True, compiler="dynamo", backend="eager") if args.quick else True
     paths = {
         "ft.run compiled N=1": lambda sde: (run_segment(sde, 1, segment, compiled), segment),
         "ft.run compiled N=256": lambda sde: (run_segment(sde, 256, segment, compiled), segment),

@@ -83,7 +83,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     ex = example_of(spec["problem"], spec["particles"], spec.get("target", 1.0))
     compile_: Any = {"auto": "auto", "True": True, "False": False}[spec["route"]]
     if spec["quick"] and compile_ is True:
-        compile_ = ft.Compile(True, route="dynamo", backend="eager")
+        compile_ = ft.Compile(True, compiler="dynamo", backend="eager")
     segment, segments = spec["segment"], spec["segments"]
     eager_cap = spec.get("eager_steps")
     extrapolated = compile_ is False and eager_cap is not None and eager_cap < segment * segments

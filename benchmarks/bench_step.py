@@ -197,7 +197,7 @@ def _set_threads(threads: int | None) -> None:
 def run_size(name: str, particles: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every variant of one work size, measured side by side; the rows with their ratios."""
     problem, work = problems.lqr(name), f"{name} N={particles}"
-    quick = ft.Compile(True, route="dynamo", backend="eager")
+    quick = ft.Compile(True, compiler="dynamo", backend="eager")
     compiled = quick if args.quick else ft.Compile(True)
     print(f"[{work}]", flush=True)
     variants = [
@@ -246,7 +246,7 @@ def user_loop_variants(steps: int, quick: bool) -> list[Variant]:
     of the compiled step, and a JAX ``jit(step)`` loop; the noise of each step drawn in the loop."""
     problem = problems.lqr("lqr-1d")
     sde, dt, lr = problem.sde, problem.dt, problem.lr
-    compile_option = ft.Compile(True, route="dynamo", backend="eager") if quick else True
+    compile_option = ft.Compile(True, compiler="dynamo", backend="eager") if quick else True
     generator = torch.Generator().manual_seed(0)
     scale = dt**0.5
 

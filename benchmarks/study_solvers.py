@@ -428,7 +428,7 @@ def print_compiled(result: dict[str, Any]) -> None:
 
 def solver_study(quick: bool) -> dict[str, Any]:
     """Every part above; compiled kernels go to a fresh temporary cache folder (quick: torch.compile's "eager")."""
-    compile = ft.Compile(True, route="dynamo", backend="eager") if quick else ft.Compile(True)
+    compile = ft.Compile(True, compiler="dynamo", backend="eager") if quick else ft.Compile(True)
     previous = os.environ.get("FWDTRAIN_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="fwdtrain-solvers-") as folder:
         os.environ["FWDTRAIN_CACHE_DIR"] = folder

@@ -48,7 +48,7 @@ COMPILE = {  # the child's kind -> ft.run's compile=
     "eager": "False",
     "compiled": "True",
     "auto": '"auto"',
-    "compiled-quick": 'ft.Compile(True, route="dynamo", backend="eager")',
+    "compiled-quick": 'ft.Compile(True, compiler="dynamo", backend="eager")',
 }
 
 

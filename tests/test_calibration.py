@@ -197,7 +197,7 @@ def test_trains_through_the_driver():
     # 0.2: compile and fuse take a calibration too (dynamo-traced here, quick), equal to the eager run;
     # compiled without falling back (a fallback warns)
     eager, eager_history = ft.run(problem, state, 90, 0.01, 0.1, noise=5, solver=ft.Euler(mode="reverse"), **options)
-    for compiled in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=30)}):
+    for compiled in ({"compile": "eager"}, {"compile": ft.Compile(True, compiler="dynamo", backend="eager", chunk=30)}):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             fast, fast_history = ft.run(

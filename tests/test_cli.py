@@ -330,11 +330,37 @@ def test_the_steps_rate_leaves_the_compile_out_and_the_line_shows_it():
     assert rate == 300.0 and startup == pytest.approx(13.0 - 1000 / 300.0)
     assert report.rates(trained._replace(steady=None), 1000) == (1000 / 13.0, None)
     assert report.rates(trained._replace(wall=1.0), 1000)[1] == 0.0  # never below 0
-    line = {"startup_s": startup, "kernels_compiled": 1, "kernels_loaded": 0}
-    assert report._startup(line) == ": compiling 9.7 s, then"
-    assert report._startup({**line, "kernels_compiled": 0, "kernels_loaded": 1}) == ": loading the kernel 9.7 s, then"
-    assert report._startup({**line, "kernels_compiled": 0}) == ": starting 9.7 s, then"
+    # a run of steps 500 to 1500 that compiled its kernel before its first step (compile=True)
+    line = {"startup_s": startup, "kernels_compiled": 1, "kernels_loaded": 0, "steps": 1500, "steps_this_run": 1000}
+    line = {**line, "compiled_from": 500, "route": "compiled"}
+    assert (report._startup(line), report._how(line)) == (": compiling 9.7 s, then", "compiled")
+    # its compile in the background (the time before the first boundary: the trace and the package's key), ready
+    # at step 1200, or not before the run's end
+    switched = {**line, "compiled_from": 1200}
+    assert (report._startup(switched), report._how(switched)) == (
+        ": tracing 9.7 s, then",
+        "eager, then compiled from step 1200",
+    )
+    eager = {**line, "compiled_from": None, "route": "eager"}
+    assert (report._startup(eager), report._how(eager)) == (": tracing 9.7 s, then", "eager")
+    loaded = {**line, "kernels_compiled": 0, "kernels_loaded": 1}
+    assert (report._startup(loaded), report._how(loaded)) == (": loading the kernel 9.7 s, then", "compiled")
+    assert report._startup({**eager, "kernels_compiled": 0}) == ": starting 9.7 s, then"
     assert report._startup({**line, "startup_s": None}) == " ="
+
+
+def test_a_run_that_switched_mid_way_says_so_in_its_line(registry, capsys):
+    """The table of a run whose background compile was ready at step 30 (its result stubbed from a tiny run's)."""
+    from fwdtrain.cli import report
+
+    assert cli.main(["tiny", "--steps", "40", "--json", "--no-plot", "--no-compile"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["route"], result["compiled_from"]) == ("eager", None)
+    result.update(kernels_compiled=1, kernels_loaded=1, compiled_from=30, route="compiled", startup_s=2.4)
+    text = report.render(result)
+    assert re.search(
+        r"this run 40 in [0-9.]+ s: tracing 2.4 s, then [0-9]+ steps/s \(eager, then compiled from step 30\)", text
+    )
 
 
 def test_the_clock_times_the_steps_after_the_first_boundary_and_changes_no_result(registry, capsys):

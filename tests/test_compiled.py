@@ -191,7 +191,7 @@ def test_when_every_route_fails_the_step_runs_eagerly_after_one_warning_line(cap
 
 @pytest.mark.slow
 def test_the_dynamo_route_equals_eager_and_respects_the_recompile_limit():
-    """route="dynamo" (backend "eager": quick): equal to eager; twelve problems in one process each get a kernel
+    """compiler="dynamo" (backend "eager": quick): equal to eager; twelve problems in one process each get a kernel
     of their own (dynamo counts its recompile limit of 8 per code object)."""
     for i in range(12):
         control = eval(f"lambda th, x: -th['k'] * x * {1 + i / 100}")  # a new code object per problem
@@ -205,7 +205,7 @@ def test_the_dynamo_route_equals_eager_and_respects_the_recompile_limit():
         eager, _ = ft.run(sde, state, 4, DT, 0.1, compile=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            traced, _ = ft.run(sde, state, 4, DT, 0.1, compile=ft.Compile(True, route="dynamo", backend="eager"))
+            traced, _ = ft.run(sde, state, 4, DT, 0.1, compile=ft.Compile(True, compiler="dynamo", backend="eager"))
         assert torch.equal(eager.theta["k"], traced.theta["k"])
 
 
@@ -267,7 +267,7 @@ def test_the_frozen_theta_kernel_takes_theta_as_input_so_each_theta_gets_its_own
         theta = {"k": torch.tensor(k, dtype=torch.float64)}
         options = dict(particles=64, dt=0.01, steps=3000, burn_in=500, seed=1)
         compiled = ft.stationary_cost(
-            sde, theta, x0, compile=ft.Compile(True, route="dynamo", backend="eager"), **options
+            sde, theta, x0, compile=ft.Compile(True, compiler="dynamo", backend="eager"), **options
         )
         eager = ft.stationary_cost(sde, theta, x0, compile=False, **options)
         assert compiled.mean == pytest.approx(eager.mean, rel=1e-12)
@@ -303,7 +303,9 @@ def test_a_cost_with_its_own_theta_term_compiles_in_float32():
     schedule = ft.schedules.inverse_time(2.0, 10.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        compiled = ft.run(sde, state, 30, 0.01, schedule, 1, compile=ft.Compile(True, route="dynamo", backend="eager"))
+        compiled = ft.run(
+            sde, state, 30, 0.01, schedule, 1, compile=ft.Compile(True, compiler="dynamo", backend="eager")
+        )
     eager = ft.run(sde, state, 30, 0.01, schedule, 1, compile=False)
     assert_trees_close(compiled.state.theta, eager.state.theta, rtol=1e-6, atol=1e-7)
 
@@ -420,11 +422,3 @@ def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was(
     assert [b.numel() for b in buffers] == [7, 1, 10]
     for got, want in zip(packing.unpack(buffers), leaves_, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-
-
-def test_the_renamed_clear_says_its_new_name():
-    """0.5 renamed ``fwdtrain.compile.clear`` (forget this process's kernels): "clear" empties the folder on disk."""
-    with pytest.raises(AttributeError, match=r"forget_kernels\(\) since 0.5"):
-        ft.compile.clear()
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        ft.compile.nothing  # noqa: B018

@@ -529,7 +529,7 @@ def _compiled_worker(particles: int):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        quick = ft.Compile(True, route="dynamo", backend="eager")
+        quick = ft.Compile(True, compiler="dynamo", backend="eager")
         for name, options in (
             ("eager", {"compile": False}),
             ("compiled", {"compile": quick}),

@@ -239,7 +239,7 @@ def test_compiled_and_fused_equal_eager():
         save=ft.SaveAt(12),
         solver=ft.Euler(mode="reverse"),
     )
-    for options in ({"compile": "eager"}, {"compile": ft.Compile(True, route="dynamo", backend="eager", chunk=8)}):
+    for options in ({"compile": "eager"}, {"compile": ft.Compile(True, compiler="dynamo", backend="eager", chunk=8)}):
         compiled = ft.run(en.Ensemble(sde, en.size(state)), state, 24, DT, lrs, noise=3, save=ft.SaveAt(12), **options)
         assert same(compiled[0], eager[0]) and same(records(compiled[1]), records(eager[1])), options
 
@@ -254,7 +254,7 @@ def test_compiled_kernels_take_the_ensemble():
         lambda s, d, a: ensemble.advance(s, d, DT, a, plan),
         (state, dw[0], alpha),
         key=(ensemble, plan, DT),
-        options=ft.Compile(True, route="dynamo", backend="eager"),
+        options=ft.Compile(True, compiler="dynamo", backend="eager"),
     )
     expected = state
     for k in range(4):

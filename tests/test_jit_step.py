@@ -15,7 +15,7 @@ from fwdtrain.compile import kernels
 from fwdtrain.core._tree import leaves, tree_map
 
 DT = 0.01
-QUICK = ft.Compile(True, route="dynamo", backend="eager")
+QUICK = ft.Compile(True, compiler="dynamo", backend="eager")
 F64 = torch.float64
 
 

@@ -12,7 +12,7 @@ from fwdtrain.compile import kernels
 from fwdtrain.core._tree import norm, peak, squared_norm
 
 DT = 0.01
-QUICK = ft.Compile(True, route="dynamo", backend="eager")
+QUICK = ft.Compile(True, compiler="dynamo", backend="eager")
 TINY = 1e-39  # a float32 subnormal
 
 

@@ -115,7 +115,7 @@ def test_run_eager_equals_run_compiled_and_continues_like_one_run():
     state = ft.init(sde, theta, X0, particles=3)
     options = dict(solver=Platen(), save=ft.SaveAt(10), checks=ft.Checks(10))
     eager, eager_history = ft.run(sde, state, 24, DT, 0.5, 7, compile=False, **options)
-    quick = ft.Compile(True, route="dynamo", backend="eager")
+    quick = ft.Compile(True, compiler="dynamo", backend="eager")
     compiled, compiled_history = ft.run(sde, state, 24, DT, 0.5, 7, compile=quick, **options)
     for actual, expected in zip(
         ft.core._tree.leaves((compiled, compiled_history.theta)),
@@ -142,7 +142,9 @@ def test_stationary_cost_with_it_compiled_equals_eager():
     sde, theta = diagonal_2d()
     options = dict(particles=8, dt=0.01, steps=300, burn_in=50, seed=2, solver=Platen())
     eager = ft.stationary_cost(sde, theta, X0, compile=False, **options)
-    compiled = ft.stationary_cost(sde, theta, X0, compile=ft.Compile(True, route="dynamo", backend="eager"), **options)
+    compiled = ft.stationary_cost(
+        sde, theta, X0, compile=ft.Compile(True, compiler="dynamo", backend="eager"), **options
+    )
     assert compiled.mean == pytest.approx(eager.mean, rel=1e-12)
     assert compiled.stderr == pytest.approx(eager.stderr, rel=1e-9)
 

@@ -250,7 +250,7 @@ def test_compiled_kernels_with_an_optimizer_equal_eager(lqr64):
     for dw in dws:
         eager = ft.step(ex.sde, eager, dw, ex.dt, 0.3, mode="reverse", optimizer=rule)
     quick = ft.Compile(
-        True, route="dynamo", backend="eager"
+        True, compiler="dynamo", backend="eager"
     )  # the compiled kernels' plumbing, traced by dynamo only (quick)
     c, _ = ft.run(
         ex.sde,

@@ -231,7 +231,7 @@ def test_the_default_run_compiles_in_the_background_and_the_next_launch_loads_it
     assert second["compiles"] == 0 and second["loads"] == 1 and second["from"] == 0, second
 
 
-@pytest.mark.parametrize("compile", [False, ft.Compile(True, route="dynamo", backend="eager")])
+@pytest.mark.parametrize("compile", [False, ft.Compile(True, compiler="dynamo", backend="eager")])
 def test_a_cosine_schedule_stops_at_the_step_whose_rate_is_negative_with_the_state_before_it(compile):
     """alpha(t) = 0.1 cos(t) is negative from t_158 = 1.58 on: the run fails at step 158 and keeps step 157."""
     ex = ft.examples.lqr_1d(particles=4, hidden=4)
@@ -279,13 +279,22 @@ def test_cli_compile_flags():
     assert parser.parse_args(["lqr-1d", "--no-compile"]).compile is False
 
 
+def test_compile_route_is_compiler_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"Compile\(route=...\) is Compile\(compiler=...\)"):
+        options = ft.Compile(True, route="dynamo", chunk=8)
+    assert options == ft.Compile(True, compiler="dynamo", chunk=8) and type(options) is ft.Compile
+    with pytest.warns(DeprecationWarning, match=r"Compile.route is Compile.compiler"):
+        assert options.route == "dynamo"
+    assert options._replace(chunk=4).compiler == "dynamo" and ft.Compile().compiler == "aot"
+
+
 def test_frozen_theta_evaluation_compiled_equals_eager():
     ex = ft.examples.lqr_1d(dtype=torch.float64, hidden=4)
     options = dict(particles=50, dt=0.01, steps=60, burn_in=10, seed=3)
     x0 = torch.zeros(1, dtype=torch.float64)
     eager = ft.stationary_cost(ex.sde, ex.theta, x0, compile=False, **options)
     traced = ft.stationary_cost(
-        ex.sde, ex.theta, x0, compile=ft.Compile(True, route="dynamo", backend="eager"), **options
+        ex.sde, ex.theta, x0, compile=ft.Compile(True, compiler="dynamo", backend="eager"), **options
     )
     before = kernels.counts()
     auto = ft.stationary_cost(ex.sde, ex.theta, x0, **options)  # short: eager, nothing traced

@@ -285,7 +285,7 @@ def _compiled_against_eager(solver, compile):
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager fails the test
 @pytest.mark.parametrize("solver", [ft.Heun(), ft.Milstein()])
 def test_each_solver_on_the_quick_compile_route_equals_eager(solver):
-    _compiled_against_eager(solver, ft.Compile(True, route="dynamo", backend="eager"))
+    _compiled_against_eager(solver, ft.Compile(True, compiler="dynamo", backend="eager"))
 
 
 @pytest.mark.slow

@@ -273,7 +273,7 @@ def test_compiled_kernel_runs_eagerly_under_transforms():
         lambda s, d, a: problem.advance(s, d, DT, a, plan),
         (start, dws[0], alpha),
         key=(problem, plan, DT),
-        options=ft.Compile(True, route="dynamo", backend="eager"),
+        options=ft.Compile(True, compiler="dynamo", backend="eager"),
     )
 
     def f(th, advance):

@@ -157,8 +157,15 @@ def _common(job: Job, example: Any, state: Any, history: Any, trained: Trained, 
         "startup_s": startup,
         "kernels_compiled": trained.compiled,
         "kernels_loaded": trained.loaded,
-        "route": history.route if taken else None,  # how this run's steps ran: "compiled" or "eager"
+        **_route(history, taken),
     }
+
+
+def _route(history: Any, taken: int) -> dict[str, Any]:
+    """How this run's steps ran: ``route`` "compiled" or "eager" (its last steps), ``compiled_from`` the step at which
+    they began to run compiled (None: eager throughout)."""
+    switched = history.compiled_from if taken else None
+    return {"route": history.route if taken else None, "compiled_from": None if switched is None else int(switched)}
 
 
 def _nothing_left(job: Job) -> str | None:
@@ -237,6 +244,7 @@ def ensemble_result(job: Job, trained: Trained) -> dict[str, Any]:
         "wall_s": trained.wall,
         "member_steps_per_s": len(results) * rates(trained, taken)[0],
         "startup_s": rates(trained, taken)[1],
+        **_route(history, taken),
         "kernels_compiled": trained.compiled,
         "kernels_loaded": trained.loaded,
         "checkpoint": None if trained.unsaved else job.args.checkpoint,
@@ -278,7 +286,7 @@ def table(result: dict[str, Any]) -> str:
         )
     this_run = (
         f"this run {result['steps_this_run']} in {result['wall_s']:.1f} s{_startup(result)} "
-        f"{result['steps_per_s']:.0f} steps/s ({result['route']})"
+        f"{result['steps_per_s']:.0f} steps/s ({_how(result)})"
         if result["steps_this_run"]
         else "none this run"
     )
@@ -289,13 +297,27 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _switched(result: dict[str, Any]) -> bool:
+    """Whether the run began eagerly and went on compiled (its kernel ready from a background compile)."""
+    first = result["steps"] - result["steps_this_run"]
+    return result.get("compiled_from") is not None and result["compiled_from"] > first
+
+
+def _how(result: dict[str, Any]) -> str:
+    """How the steps of the rate ran: "compiled", "eager", or "eager, then compiled from step N" (a rate of both)."""
+    return f"eager, then compiled from step {result['compiled_from']}" if _switched(result) else result["route"]
+
+
 def _startup(result: dict[str, Any]) -> str:
-    """': 31.2 s compiling, then' (or loading the kernel, or starting) before the steps' rate; ' =' where the run
-    ended before its time could be split."""
+    """': compiling 31.2 s, then' before the steps' rate: the time before the run's first block boundary, said as
+    compiling (a compile the run waited for), tracing (the step traced and its package looked up by key, its
+    compile in the background), loading the kernel or starting; ' =' where the run ended before its time could be
+    split."""
     if result.get("startup_s") is None:
         return " ="
+    first = result["steps"] - result["steps_this_run"]
     if result["kernels_compiled"]:
-        what = "compiling"
+        what = "compiling" if result.get("compiled_from") == first else "tracing"
     elif result["kernels_loaded"]:
         what = "loading the kernel"
     else:
@@ -342,7 +364,7 @@ def ensemble_table(result: dict[str, Any]) -> str:
         lines.append(f"diverged (frozen, left out): seeds {', '.join(map(str, result['diverged']))}")
     lines.append(
         f"steps {result['steps']} in total, this run {result['steps_this_run']} in {result['wall_s']:.1f} s"
-        f"{_startup(result)} {result['member_steps_per_s']:.0f} member-steps/s"
+        f"{_startup(result)} {result['member_steps_per_s']:.0f} member-steps/s ({_how(result)})"
     )
     lines += [line for line in _tail({**result, "interrupted": False}) if not line.startswith("diverged")]
     return "\n\n".join(blocks + ["\n".join(lines)])

@@ -84,8 +84,10 @@ def count(**events: int) -> None:
     _events.update(events)
 
 
-def events() -> dict[str, int]:
-    """This process's compile events so far."""
+def counts() -> dict[str, int]:
+    """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
+    and how many fell back (to torch.compile, or eager); ``traced_ops`` and ``simplified_ops``: the ATen calls of
+    every traced graph as traced and after ``graphs.simplify``. Tests count these, never seconds."""
     return dict(_events)
 
 
@@ -450,6 +452,7 @@ __all__ = [
     "Usage",
     "cache_dir",
     "clear",
+    "counts",
     "forget_kernels",
     "format_size",
     "kernel_key",

@@ -14,7 +14,6 @@ plain tensors: one kernel takes every block of a run, whatever its length and po
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 from collections.abc import Callable
@@ -268,7 +267,6 @@ class BlockLoop(torch.nn.Module):
         )
 
 
-@functools.cache
 def loop_code() -> str:
     """A digest of the code that wraps a traced step into its block (``BlockLoop``, ``Packing``): part of every block
     kernel's key, so that a package built by another version of the wrapper is never loaded."""

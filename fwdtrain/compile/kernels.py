@@ -9,7 +9,7 @@ else the traced module is saved to a job file and compiled by AOTInductor in ano
 (``python -m fwdtrain.compile.worker``: torch.export and ``aoti_compile_and_package`` there, no closure crosses),
 which a run waits for (``compile=True``) or steps eagerly beside (``start``, ``poll``). Where tracing or the
 compile fails, ``torch.compile`` of the step, else eager, each fallback said in one warning line.
-``counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
+``cache.counts()`` tells how many traces, compiles and loads the process made (tests count these, never seconds).
 """
 
 from __future__ import annotations
@@ -32,17 +32,11 @@ import torch
 from .. import _compat
 from ..core._tree import leaves
 from . import cache, graphs
+from .cache import counts as counts  # fwdtrain.compile.kernels.counts, as tests and benchmarks call it
 from .options import Compile
 
 SINGLE_THREAD_BELOW = 1 << 16  # state numbers under which kernels run on one thread (no fork/join per kernel)
 FUSED_CAT_UP_TO = 512  # state numbers up to which a kernel's concatenations are fused (one particle, small model)
-
-
-def counts() -> dict[str, int]:
-    """How many kernels this process traced, compiled (AOTInductor or torch.compile), loaded from disk,
-    and how many fell back to another route; ``traced_ops`` and ``simplified_ops``: the ATen calls of every
-    traced graph as traced and after ``graphs.simplify`` (``cache.events``)."""
-    return cache.events()
 
 
 def _simplified(traced: graphs.Traced, unfold: bool = False) -> graphs.Traced:
@@ -137,7 +131,7 @@ def _close(computed: Any, expected: Any) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- the AOTInductor route
+# ------------------------------------------------------------- the AOTInductor compiler
 
 WORKER = ("-m", "fwdtrain.compile.worker")  # the compile's process: ``python -m fwdtrain.compile.worker job package``
 QUIET_ENV = "FWDTRAIN_QUIET"  # set (to anything but "" or "0"): no line when a compile starts
@@ -295,7 +289,7 @@ class Kernel:
         self.out_spec: Any = None
         self.checked = not options.verify
         self.failure = ""  # why tracing failed ("": it did not)
-        if options.route == "aot":
+        if options.compiler == "aot":
             try:
                 self.package, self.out_spec = trace(*args)
             except Exception as error:
@@ -363,9 +357,7 @@ class Kernel:
         after the first call (the package checked), for leaves laid out as ``flat`` is, when that is the package's
         own layout; None otherwise (then call the kernel)."""
         package = self.package
-        if package is None or package.run is None or not self.checked:
-            return None
-        if [(t.dtype, t.shape, t.stride()) for t in flat] != package.signature:
+        if package is None or package.run is None or not self.checked or package.fits(flat) is not flat:
             return None
         return package.run
 
@@ -421,7 +413,7 @@ def block_kernel(
     """``graphs.run_block`` of the flat ``body``, ``check`` and ``observe`` (records for up to ``capacity`` rows)
     compiled for arguments shaped like ``args`` = (*grids, alive, blocks, carry) (``graphs.Grids``: five 0-d int64
     tensors), built once per process (``key``: what the body depends on besides its inputs: the problem, dt, plan,
-    bound, record). The ``"dynamo"`` route compiles ``part`` (default ``body``) and steps with ``wrap(compiled)``."""
+    bound, record). The ``"dynamo"`` compiler compiles ``part`` (default ``body``) and steps with ``wrap(compiled)``."""
     _compat.use_cache_folders(cache.cache_dir())
 
     def meaning(*args: Any, step: Callable[..., tuple] = body) -> Any:

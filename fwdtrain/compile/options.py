@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
 from .. import _compat
@@ -15,7 +16,19 @@ Compiler = Literal["aot", "dynamo"]
 COMPILERS: tuple[str, ...] = get_args(Compiler)
 
 
-class Compile(NamedTuple):
+class _Fields(NamedTuple):
+    enabled: bool | Literal["auto"] = "auto"
+    compiler: Compiler = "aot"
+    backend: str = "inductor"
+    chunk: int = 1024
+    verify: bool = True
+    unroll: int = 1
+    flush_subnormals: bool = True
+    after: int | None = None
+    switch: bool = True
+
+
+class Compile(_Fields):
     """How the steps of a run are computed.
 
     Attributes:
@@ -28,15 +41,15 @@ class Compile(NamedTuple):
             documentation examples stay below it and never compile).
         switch: False: a run keeps the route of its first step to its end (launches on the same route are
             bitwise equal), its background compile left for the next launch.
-        route: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
+        compiler: ``"aot"`` (default): the step traced once into a flat graph and compiled by AOTInductor
             into a package kept in ``fwdtrain.compile.cache_dir()``, loaded by later runs and processes
             without compiling; every run of steps between two events is one call of a compiled loop.
             ``"dynamo"``: ``torch.compile`` of each step (the fallback, also taken with a one-line
-            warning where the ``"aot"`` route fails).
-        backend: the ``torch.compile`` backend of the ``"dynamo"`` route (``"eager"`` traces only: quick tests).
+            warning where the ``"aot"`` compiler fails).
+        backend: the ``torch.compile`` backend of the ``"dynamo"`` compiler (``"eager"`` traces only: quick tests).
         chunk: steps of noise drawn at once: the most steps one compiled call takes (results do not depend on it).
         verify: check a kernel loaded from disk against the eager step on its first call (one eager step).
-        unroll: steps per iteration of the compiled loop (the ``"aot"`` route): K > 1 fuses K steps into one
+        unroll: steps per iteration of the compiled loop (the ``"aot"`` compiler): K > 1 fuses K steps into one
             kernel body, which cuts the per-step overhead of small problems (the seed problem on a 2-core CPU
             at K = 4: 12.0 to 8.5 us per step at N = 1, 16.4 to 12.1 at N = 100) for a compile about twice
             as long. Results do not
@@ -49,21 +62,25 @@ class Compile(NamedTuple):
             steps. False: IEEE subnormals kept (results then differ from the default only below 1.2e-38).
     """
 
-    enabled: bool | Literal["auto"] = "auto"
-    route: Compiler = "aot"
-    backend: str = "inductor"
-    chunk: int = 1024
-    verify: bool = True
-    unroll: int = 1
-    flush_subnormals: bool = True
-    after: int | None = None
-    switch: bool = True
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, route: Compiler | None = None, **kwargs: Any) -> Compile:
+        if route is not None:  # the name of ``compiler`` until 0.5
+            warnings.warn("Compile(route=...) is Compile(compiler=...) since 0.6", DeprecationWarning, stacklevel=2)
+            kwargs["compiler"] = route
+        return super().__new__(cls, *args, **kwargs)
+
+    @property
+    def route(self) -> Compiler:
+        """``compiler``, by its name until 0.5 ("route" is now the eager-or-compiled choice of a run)."""
+        warnings.warn("Compile.route is Compile.compiler since 0.6", DeprecationWarning, stacklevel=2)
+        return self.compiler
 
     def derivative_mode(self, mode: str = "auto") -> str:
         """The derivative mode a run with these options plans with: ``mode``, except that a run that may compile
-        on the ``"dynamo"`` route plans in reverse mode (torch's dynamo cannot trace ``jvp`` under ``vmap``;
+        with the ``"dynamo"`` compiler plans in reverse mode (torch's dynamo cannot trace ``jvp`` under ``vmap``;
         ``_compat.DYNAMO_TRACES_FORWARD_MODE``). The one place where compiling changes the derivative mode."""
-        if self.enabled is False or self.route == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE:
+        if self.enabled is False or self.compiler == "aot" or _compat.DYNAMO_TRACES_FORWARD_MODE:
             return mode
         return "reverse"
 
@@ -75,13 +92,13 @@ def as_compile(value: Any) -> Compile:
     elif value is True or value is False or value == "auto":
         options = Compile(enabled=value)
     elif isinstance(value, str):  # a torch.compile backend name, as 0.2's run(compile="eager") took it
-        options = Compile(enabled=True, route="dynamo", backend=value)
+        options = Compile(enabled=True, compiler="dynamo", backend=value)
     else:
         raise TypeError(f'compile must be True, False, "auto" or a fwdtrain.Compile(...), got {value!r}')
     if not (options.enabled is True or options.enabled is False or options.enabled == "auto"):
         raise ValueError(f'Compile(enabled=...) must be True, False or "auto", got {options.enabled!r}')
-    if options.route not in COMPILERS:
-        raise ValueError(f"Compile(route=...) must be one of {COMPILERS}, got {options.route!r}")
+    if options.compiler not in COMPILERS:
+        raise ValueError(f"Compile(compiler=...) must be one of {COMPILERS}, got {options.compiler!r}")
     _checks.check_count(options.chunk, "Compile(chunk=...)")
     _checks.check_count(options.unroll, "Compile(unroll=...)")
     if options.after is None:
@@ -95,8 +112,8 @@ def as_compile(value: Any) -> Compile:
         raise TypeError(f"Compile(switch=...) must be True or False, got {options.switch!r}")
     if not isinstance(options.flush_subnormals, bool):
         raise TypeError(f"Compile(flush_subnormals=...) must be True or False, got {options.flush_subnormals!r}")
-    if options.route == "dynamo" and isinstance(options.backend, str):
-        import torch._dynamo  # only for this route: it takes a second to import
+    if options.compiler == "dynamo" and isinstance(options.backend, str):
+        import torch._dynamo  # only for this compiler: it takes a second to import
 
         known = torch._dynamo.list_backends(exclude_tags=())
         if options.backend not in known:

@@ -167,25 +167,32 @@ def real_number(value: Any, refuse: Callable[[str], str]) -> float | None:
 
 
 def check_alpha(alpha: Any, t: Any, lr: Any) -> None:
-    """The learning rate alpha(t_n) that a step will use: a real number or a 0-d floating tensor; if
-    concrete, also finite and >= 0. ``lr`` (a schedule or a value) and ``t`` name the culprit in the error."""
-    source = f"the schedule {_describe(lr)}" if callable(lr) else f"lr = {lr!r}"
-    at = f"t = {float(t):.6g}" if is_concrete(t) else "t"
-    value = real_number(
-        alpha,
-        lambda got: (
-            f"{source} returned {got} at {at}; a learning rate must be one floating number: a number or a "
-            f"0-d floating tensor (not per-parameter)"
-        ),
-    )
-    if value is None:
+    """The learning rate alpha(t_n) that a step will use: a real number or a 0-d floating tensor; if concrete, also
+    finite and >= 0 (``good_rates``). ``lr`` (a schedule or a value) and ``t`` name the culprit in the error. With
+    members (t of shape (E,)): alpha one value or one per member, each checked."""
+    if isinstance(t, torch.Tensor) and t.ndim:
+        alphas = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
+        if alphas.shape not in ((), t.shape):
+            raise ValueError(
+                f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
+                f"expected one value per member, ({t.shape[0]},)"
+            )
+        for t_e, alpha_e in zip(t, alphas.expand(t.shape), strict=True):
+            check_alpha(alpha_e, t_e, lr)
         return
-    if not math.isfinite(value):
-        raise ValueError(f"{source} returned {value} at {at}; a learning rate must be finite")
-    if value < 0:
-        raise ValueError(
-            f"{source} returned {value} at {at}; a learning rate must be >= 0 (a negative one runs gradient ascent)"
-        )
+
+    def refuse(got: Any, rule: str) -> str:
+        source = f"the schedule {_describe(lr)}" if callable(lr) else f"lr = {lr!r}"
+        at = f"t = {float(t):.6g}" if is_concrete(t) else "t"
+        return f"{source} returned {got} at {at}; a learning rate must be {rule}"
+
+    value = real_number(
+        alpha, lambda got: refuse(got, "one floating number: a number or a 0-d floating tensor (not per-parameter)")
+    )
+    if value is not None and not math.isfinite(value):
+        raise ValueError(refuse(value, "finite"))
+    if value is not None and value < 0:
+        raise ValueError(refuse(value, ">= 0 (a negative one runs gradient ascent)"))
 
 
 def _describe(fn: Any) -> str:

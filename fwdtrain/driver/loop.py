@@ -24,10 +24,8 @@ from ..core import _checks
 from ..core.errors import DivergenceError
 from ..core.history import History, Records, build, empty_records, last_step
 from ..core.noise import Noise
-from ..core.schedules import Schedule
 from ..core.state import State
 from ..optim import Average
-from ..problems.trainable import Trainable
 from .block import Block, Carry, Outcome, Stepping
 from .hooks import Hook
 from .options import Checks, SaveAt
@@ -35,22 +33,6 @@ from .options import Checks, SaveAt
 
 def _next(n: int, every: int | None) -> int:
     return (n // every + 1) * every if every else sys.maxsize
-
-
-def check_learning_rate(schedule: Schedule, t: torch.Tensor, lr: Any) -> None:
-    """``_checks.check_alpha`` of alpha = schedule(t); with members (t of shape (E,)) for each member's alpha."""
-    alpha = schedule(t)
-    if t.ndim == 0:
-        _checks.check_alpha(alpha, t, lr)
-        return
-    alphas = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
-    if alphas.shape not in ((), t.shape):
-        raise ValueError(
-            f"the learning rate of {t.shape[0]} members has shape {tuple(alphas.shape)}; "
-            f"expected one value per member, ({t.shape[0]},)"
-        )
-    for t_e, alpha_e in zip(t, alphas.expand(t.shape), strict=True):
-        _checks.check_alpha(alpha_e, t_e, lr)
 
 
 def continued(history: History | None, state: State) -> tuple[int, torch.Tensor, tuple[int, torch.Tensor]]:
@@ -82,7 +64,6 @@ class Loop:
 
     def __init__(
         self,
-        problem: Trainable,
         stepping: Stepping,
         source: Noise,
         carry: Carry,
@@ -95,34 +76,30 @@ class Loop:
         options: Compile,
         lr: Any,
     ) -> None:
-        self.problem, self.stepping, self.source = problem, stepping, source
+        self.problem, self.stepping, self.source = stepping.problem, stepping, source
         self.carry, self.end, self.save, self.checks, self.hooks = carry, end, save, checks, hooks
         self.previous, self.lr, self.options = previous, lr, options
         self.chunk = options.chunk  # steps of noise drawn at once: the longest block
         self.window = continued(previous, carry.state)[2]  # where the cost of the next record starts
         self.start = carry.n
-        self.record_state: Callable[[State], Any] = save.record or problem.record
+        self.record_state: Callable[[State], Any] = save.record or stepping.problem.record
         self.records: list[Records] = []
         self.empty = empty_records(self.record_state(carry.state))
         averaged = isinstance(carry.state.average, Average)
         self.empty_average = empty_records(carry.state.average.mean) if averaged else None
         self.dtype = carry.state.x.dtype
         self.good = (carry, source.state_dict(carry.n))  # the last checked carry, with its noise position
-        flags = problem.within(carry.state, checks.bound)
-        # members (a problem whose ``within`` has a member axis): (alive (E,) bool, frozen_at (E,) int64, -1: running)
-        self.members: tuple[torch.Tensor, torch.Tensor] | None = None
-        if flags.ndim:
-            diverged = previous.diverged if previous is not None else None
-            if diverged is not None:
-                if diverged.shape != flags.shape:
-                    raise ValueError(f"the history has {diverged.shape[0]} members, the state {flags.shape[0]}")
-                assert previous is not None and previous.frozen_at is not None
-                self.members = (~diverged.to(torch.bool), previous.frozen_at.to(torch.int64))
-            else:
-                self.members = (
-                    torch.ones_like(flags, dtype=torch.bool),
-                    torch.full(flags.shape, -1, dtype=torch.int64),
-                )
+        # the members still running and the step each froze at (-1: running): (E,) for a problem of E members (its
+        # ``within`` answers one flag per member), 0-d for one run (its failure raises instead of freezing)
+        flags = self.problem.within(carry.state, checks.bound)
+        self.ensemble = flags.ndim > 0
+        self.alive, self.frozen_at = torch.ones_like(flags, dtype=torch.bool), torch.full(flags.shape, -1)
+        diverged = previous.diverged if previous is not None and self.ensemble else None
+        if diverged is not None:
+            if diverged.shape != flags.shape:
+                raise ValueError(f"the history has {diverged.shape[0]} members, the state {flags.shape[0]}")
+            assert previous is not None and previous.frozen_at is not None
+            self.alive, self.frozen_at = ~diverged.to(torch.bool), previous.frozen_at.to(torch.int64)
         # hooks that agree on checks (a group) are asked at the ``Checks`` grid; others only at their own turns
         self.group_checks = any(type(hook).checked is not Hook.checked for hook in hooks)
         self.block = Block(
@@ -130,7 +107,7 @@ class Loop:
             carry,
             bound=checks.bound,
             record=self.record_state,
-            members=self.members is not None,
+            members=self.ensemble,
             chunk=self.chunk,
             every=save.every,
             check_every=checks.every,
@@ -144,40 +121,52 @@ class Loop:
         """ "compiled" or "eager": how the next block runs."""
         return "compiled" if self.block.compiled else "eager"
 
+    def first_route(self) -> str:
+        """How the run's first block goes, in one line: "compiled" (``compile=True``, or the kernel's package on disk,
+        found by its own key) or "eager" and why; "eager, compiling ..." where its compile starts in the background."""
+        options = self.options
+        if options.enabled is False:
+            return "eager (compile=False)"
+        if options.enabled is True:
+            return "compiled (compile=True)"
+        if self.stepping.reduce is not None:
+            return "eager (a gradient hook: compile=True compiles)"
+        if options.compiler == "dynamo":
+            return "compiled (compile=True)"
+        if self.end < (options.after or 0):  # as_compile has set it
+            return f"eager (the run ends before step {options.after}, Compile(after=...))"
+        if self.block.build_kernel().loaded():
+            return "compiled (the kernel is on disk)"
+        return "eager, compiling its kernel in the background (no kernel on disk)"
+
     def _tier(self) -> None:
-        """Before a block: the run's first block switches to the kernel with ``compile=True`` (compiled first where
-        not on disk) and, by default, where the run reaches step ``Compile.after`` and the kernel is on disk, else
-        it starts the kernel's compile in the background; a later block switches once that compile is ready (not
-        with ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
-        options, tier = self.options, self.tier
-        if tier == "new":
-            auto = options.enabled == "auto" and options.route == "aot"
-            if (
-                options.enabled is False
-                or self.stepping.reduce is not None
-                or (auto and self.end < (options.after or 0))
-            ):
-                self.tier = "eager"
-                return
-            kernel = self.block.build_kernel()
-            if not auto or kernel.loaded():
+        """Before a block: the run's first block takes its ``first_route``, starting the kernel's compile in the
+        background where it says so; a later block switches once that compile is ready (not with
+        ``Compile(switch=False)``). A compile that fails leaves the run eager with one warning."""
+        if self.tier == "new":
+            route = self.first_route()
+            if route.startswith("compiled"):
+                self.block.build_kernel()
                 self._switch()
-                return
-            if kernel.package is None:
-                self._stay_eager(f"the step could not be traced ({kernel.failure})")
-                return
-            kernel.package.start("in the background, the run stepping eagerly meanwhile")
-            self.tier = "compiling"
-        elif tier == "compiling":
-            package = self.block.kernel.package if self.block.kernel is not None else None
-            failure = package.poll() if package is not None else "no package"
-            if failure is None:
-                if options.switch:
-                    self._switch()
-                else:
-                    self.tier = "eager"
-            elif failure:
-                self._stay_eager(f"the background compile of the step failed ({failure})")
+            elif route.startswith("eager,"):
+                kernel = self.block.build_kernel()
+                if kernel.package is None:
+                    self._stay_eager(f"the step could not be traced ({kernel.failure})")
+                    return
+                kernel.package.start("in the background, the run stepping eagerly meanwhile")
+                self.tier = "compiling"
+            else:
+                self.tier = "eager"
+            return
+        package = self.block.kernel.package if self.block.kernel is not None else None
+        failure = package.poll() if package is not None else "no package"
+        if failure is None:
+            if self.options.switch:
+                self._switch()
+            else:
+                self.tier = "eager"
+        elif failure:
+            self._stay_eager(f"the background compile of the step failed ({failure})")
 
     def _switch(self) -> None:
         self.block.compiled, self.tier, self.compiled_from = True, "compiled", self.carry.n
@@ -186,27 +175,17 @@ class Loop:
         self.tier = "eager"
         warnings.warn(f"fwdtrain: {reason}; the run goes on eagerly", RuntimeWarning, stacklevel=5)
 
-    @property
-    def alive(self) -> torch.Tensor:
-        """(E,) bool: the members still running; a 0-d True without members."""
-        if self.members is None:
-            return torch.ones((), dtype=torch.bool)
-        return self.members[0]
-
     # ---- records ----
     def running_cost(self) -> torch.Tensor:
         """The running average cost (1/n) sum_k mean_i c(X_k); with members, the mean over those still running."""
-        c = self.carry
-        average = c.total / max(c.n, 1)
-        return average if self.members is None else average[self.members[0]].mean()
+        average = self.carry.total / max(self.carry.n, 1)
+        return average[self.alive].mean()  # one run: its 0-d alive selects the one value
 
     def _values(self, cost: torch.Tensor, grad: torch.Tensor, average: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A record's (cost, grad_norm, average_cost) as kept: a frozen member's NaN, then the hooks' ``record``."""
-        if self.members is not None:  # a frozen member has no cost or gradient after its freeze
-            alive = self.members[0]
-            cost, grad, average = (
-                torch.where(alive, value, torch.full_like(value, float("nan"))) for value in (cost, grad, average)
-            )
+        cost, grad, average = (
+            torch.where(self.alive, v, torch.full_like(v, float("nan"))) for v in (cost, grad, average)
+        )
         values = {"cost": cost, "average_cost": average}
         for hook in self.hooks:
             values = hook.record(values)
@@ -248,7 +227,6 @@ class Loop:
             "window_start": torch.tensor(self.window[0], dtype=torch.int64),
             "window_total": self.window[1],
         }
-        alive, frozen_at = self.members if self.members is not None else (None, None)
         return build(
             self.records,
             self.empty,
@@ -258,8 +236,8 @@ class Loop:
             device=c.state.x.device,
             previous=self.previous,
             empty_average=self.empty_average,
-            diverged=None if alive is None else ~alive,
-            frozen_at=frozen_at,
+            diverged=~self.alive if self.ensemble else None,
+            frozen_at=self.frozen_at if self.ensemble else None,
             compiled=None if c.n == self.start else self.block.compiled,
             compiled_from=self.compiled_from if c.n > self.start else None,
         )
@@ -270,28 +248,23 @@ class Loop:
         ``DivergenceError`` unless it is finite (and within the bound); with members, freeze the members that fail
         (``freeze``) and raise only when none is left running."""
         c = self.carry
-        ok = self.problem.within(c.state, self.checks.bound)
-        if self.members is not None:
-            ok = ok | ~self.members[0]
+        ok = self.problem.within(c.state, self.checks.bound) | ~self.alive
         for hook in self.hooks:
             ok = hook.checked(self, ok)
-        if self.members is None:
-            if not bool(ok.all()):
-                error = self.diverged(c.n)
-                error.agreed = True  # type: ignore[attr-defined]  # the group made this check together
-                raise error
+        failed = self.alive & ~ok
+        if not bool(failed.any()):
             return
-        failed = self.members[0] & ~ok
-        if bool(failed.any()):
-            self._freeze(failed)
+        if not self.ensemble:
+            error = self.diverged(c.n)
+            error.agreed = True  # type: ignore[attr-defined]  # the group made this check together
+            raise error
+        self._freeze(failed)
 
     def _freeze(self, failed: torch.Tensor) -> None:
         """Freeze the ``failed`` members at the current carry (their state and total stay there inside the blocks);
         raise when none runs."""
-        alive, frozen_at = self.members  # type: ignore[misc]
-        running = alive & ~failed
-        self.members = (running, torch.where(failed, torch.tensor(self.carry.n), frozen_at))
-        if not bool(running.any()):
+        self.alive, self.frozen_at = self.alive & ~failed, torch.where(failed, self.carry.n, self.frozen_at)
+        if not bool(self.alive.any()):
             raise self.diverged(self.carry.n + 1)
 
     def bad_rate(self, n: int) -> Exception:
@@ -300,7 +273,7 @@ class Loop:
         c = self.carry
         t = c.state.t + self.stepping.dt  # t_n as the step makes it
         try:
-            check_learning_rate(self.stepping.schedule, t, self.lr)
+            _checks.check_alpha(self.stepping.schedule(t), t, self.lr)
             reason = f"the learning rate at t = {t.tolist()} is not a finite number >= 0"
         except (TypeError, ValueError) as error:
             reason = str(error)
@@ -322,7 +295,7 @@ class Loop:
             last, noise_state = self.carry, self.source.state_dict(self.carry.n)
         limit = f" or exceeded bound={self.checks.bound}" if self.checks.bound is not None else ""
         t0 = float(last.state.t.amax())
-        culprit = self.problem.nonfinite(last.state) if self.members is None and last.n == n - 1 else None
+        culprit = self.problem.nonfinite(last.state) if not self.ensemble and last.n == n - 1 else None
         at = f"at step {n} (t = {t0 + (n - last.n) * float(self.stepping.dt):.6g})"
         if culprit is not None:
             detail = f"x, x_tilde or theta became non-finite{limit} {at}: the {culprit} returned NaN or inf at the "
@@ -332,13 +305,13 @@ class Loop:
             detail += f"at step {n - 1})"
         else:
             detail = f"x, x_tilde or theta became non-finite{limit} between step {last.n} and step {n}"
-        what = "the run" if self.members is None else "every member of the ensemble"
+        what = "every member of the ensemble" if self.ensemble else "the run"
         kept = f"the last checked state, of step {last.n} (t = {t0:.6g}), is kept; try a smaller learning rate or step"
         return self._error(f"{what} diverged: {detail}; {kept}", n, last, noise_state, culprit=culprit)
 
-    def visible(self, c: Carry | None = None) -> State:
+    def visible(self) -> State:
         """The state a callback sees (a frozen member stays at its frozen state inside the blocks)."""
-        return (self.carry if c is None else c).state
+        return self.carry.state
 
     # ---- the loop ----
     def next_event(self, n: int, stop: int | None = None, *, record_hooks_only: bool = False) -> int:
@@ -421,14 +394,13 @@ class Loop:
         for index in range(row, end):
             after, ok = self.block.step_eagerly(self.carry, dw[index], self.alive)
             if not ok:
-                if self.members is None:
+                if not self.ensemble:
                     raise self.diverged(after.n)
-                failed = self.members[0] & ~self.problem.within(after.state, self.checks.bound)
-                self._freeze(failed)
+                self._freeze(self.alive & ~self.problem.within(after.state, self.checks.bound))
                 return
             self._keep(after)
         if self.carry.n % self.save.every == 0:
             self.record_now()
 
 
-__all__ = ["Carry", "Loop", "check_learning_rate"]
+__all__ = ["Carry", "Loop"]

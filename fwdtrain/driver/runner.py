@@ -25,7 +25,7 @@ from ..problems.trainable import Trainable
 from .block import Carry, Stepping
 from .checkpoint import Checkpoint
 from .hooks import Hook, check_hooks
-from .loop import Loop, check_learning_rate, continued
+from .loop import Loop, continued
 from .options import Checks, SaveAt, check_checks, check_save
 
 
@@ -115,7 +115,7 @@ def setup(
     trainable.check(state, dt, lr)  # the opt_state's fit to the rule included: before any step
     schedule = trainable.schedule(lr, state)
     for t in (state.t, state.t + steps * float(dt)):  # alpha(t) at both ends now, in between at every check
-        check_learning_rate(schedule, t, lr)
+        _checks.check_alpha(schedule(t), t, lr)
     _checks.check_initial_state(trainable.within(state, checks.bound), trainable.checked(state), checks.bound)
     first, total, _ = continued(history, state)
     source = trainable.noise_source(noise, dt, state, history.noise if history is not None else None)
@@ -123,7 +123,6 @@ def setup(
     plan = trainable.plan(state, options.derivative_mode())
     stepping = Stepping(trainable, float(dt) if options.enabled is not False else dt, plan, schedule, _reduce(hooks))
     loop = Loop(
-        trainable,
         stepping,
         source,
         Carry(state, first, total, None),
@@ -240,16 +239,7 @@ def choose_route(
     loop = setup(
         problem, start, steps, dt, lr, noise, solver=solver, optimizer=optimizer, compile=compile, save=None, hooks=()
     )
-    options = loop.options
-    if options.enabled is False or (loop.stepping.reduce is not None and options.enabled == "auto"):
-        return "eager (compile=False)" if options.enabled is False else "eager (a gradient hook: compile=True compiles)"
-    if options.enabled is True or options.route == "dynamo":
-        return "compiled (compile=True)"
-    if loop.end < (options.after or 0):  # as_compile has set it
-        return f"eager (the run ends before step {options.after}, Compile(after=...))"
-    if loop.block.build_kernel().loaded():
-        return "compiled (the kernel is on disk)"
-    return "eager, compiling its kernel in the background (no kernel on disk)"
+    return loop.first_route()
 
 
 def execute(loop: Loop) -> Run:

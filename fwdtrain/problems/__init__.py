@@ -2,7 +2,7 @@
 
 - ``cost``: an ``SDE`` trained on its own running cost (``CostForm``) and its checks;
 - ``prepared``: the public pure step, ``step``, ``step_with_info`` and the prepared ``jit_step``
-  (``vmapped``: the compiled step under the user's ``vmap``);
+  (the compiled step under the user's ``vmap`` too);
 - ``calibration``: objectives nonlinear in stationary expectations;
 - ``sgdct``: online drift estimation from observed paths;
 - ``ensemble``: E independent members of any of these as one vmapped step.

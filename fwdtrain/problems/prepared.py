@@ -13,22 +13,29 @@ call of the compiled kernel on the flat leaves; an eager one is the maths and no
 
 ``jit_step(sde, ...)`` is that prepared object; ``step(..., compile=True)`` uses the same one, so
 the two are the same thing (``jit_step`` returns one object per problem and options).
+
+Under the user's ``vmap``, ``vmap(lambda s, w: fwdtrain.step(sde, s, w, dt, lr, compile=True))(states, dws)``
+reaches the step with tensors that carry a hidden run axis: that axis is taken out of every input (moved to the
+front, or broadcast for an input that the runs share), the runs' step ``vmap(advance)`` runs as one compiled
+kernel on the stacked runs, and its outputs go back to ``vmap`` with the run axis in front (``JitStep.batched``).
+Each run is checked as ``step`` checks one (the first run, once per key; the learning rates of all runs on every
+call). Nested transforms (``vmap`` inside ``grad``, two ``vmap``s) run the eager step instead.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import torch
+from torch.func import vmap
 
 from .. import _compat
 from ..compile import cache
 from ..compile.kernels import Kernel, function_kernel
 from ..compile.options import Compile, as_compile
 from ..core import _checks
-from ..core._tree import flatten, unflatten
+from ..core._tree import flatten, tree_map, unflatten
 from ..core._tree import leaves as leaves_of
 from ..core.problem import SDE
 from ..core.sensitivity import MODES, Mode, Plan
@@ -37,7 +44,6 @@ from ..core.state import State
 from ..core.step import LearningRate, StepInfo, learning_rate
 from ..optim import GradientTransformation, check_optimizer
 from .cost import CostForm, check_fit, check_solver, check_step_inputs, explain_failure
-from .vmapped import batched_call
 
 Flat = list[torch.Tensor]
 
@@ -47,20 +53,6 @@ class _Compiled(NamedTuple):
 
     kernel: Kernel
     run: Callable[[Flat], Flat] | None
-
-
-def _alpha_value(alpha: Any) -> float | None:
-    """alpha(t_n) as a float when it is a finite number >= 0 (a Python number or a 0-d floating tensor), else None
-    (then ``_checks.check_alpha`` says what is wrong)."""
-    if isinstance(alpha, torch.Tensor):
-        if alpha.ndim != 0 or not alpha.is_floating_point():
-            return None
-        value = alpha.item()
-    elif isinstance(alpha, (float, int)) and not isinstance(alpha, bool):
-        value = float(alpha)
-    else:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _dt_key(dt: Any) -> float | None:
@@ -92,7 +84,7 @@ class JitStep:
         self.preparations = 0
         self._plans: dict[Hashable, Plan] = {}
         self._kernels: dict[Hashable, _Compiled] = {}
-        self.batched_kernels: dict[Hashable, Any] = {}  # the kernels of ``vmapped.batched_call``
+        self.batched_kernels: dict[Hashable, Any] = {}  # the kernels of ``batched``
 
     @property
     def sde(self) -> SDE:
@@ -112,7 +104,7 @@ class JitStep:
                 return self._compiled_step(state, dw, dt, lr)
             return self.eager(state, dw, dt, lr)
         if self.compiled and _compat.top_transform_is_vmap():
-            return batched_call(self, state, dw, dt, lr)
+            return self.batched(state, dw, dt, lr)
         return self.eager(state, dw, dt, lr)
 
     # ---- once per key ----
@@ -134,10 +126,10 @@ class JitStep:
         """The value checks of every call: leaves that require grad, dt; returns alpha(t_n), checked."""
         if any(leaf.requires_grad for leaf in leaves) and all(_checks.is_concrete(leaf) for leaf in leaves):
             check_step_inputs(self.sde, state, dw, dt, lr, self.problem.optimizer)  # raises with the message
+        _checks.check_lr(lr)  # a number: finite and >= 0; a schedule: its value alpha(t_n), below
         alpha = learning_rate(lr, state.t)
-        if not _checks.is_concrete(alpha) or _alpha_value(alpha) is None:
-            _checks.check_lr(lr)  # raises with the message of a bad number
-            _checks.check_alpha(alpha, state.t, lr)  # raises with the message of a bad schedule
+        if callable(lr):
+            _checks.check_alpha(alpha, state.t, lr)
         return alpha
 
     # ---- eager ----
@@ -199,6 +191,60 @@ class JitStep:
         self._kernels[key] = _Compiled(kernel, kernel.flat_runner(leaves_of((state, dw, alpha))))
         return out
 
+    # ---- compiled, under the user's vmap ----
+    def batched(self, state: State, dw: Any, dt: Any, lr: LearningRate) -> tuple[State, StepInfo]:
+        """``with_info`` of every run of the innermost ``vmap`` in one compiled kernel (see the module docstring)."""
+        level = _compat.vmap_level()
+        alpha = learning_rate(lr, state.t)
+        if not isinstance(alpha, torch.Tensor):
+            alpha = torch.as_tensor(alpha, dtype=torch.float64)
+        leaves, spec = flatten((state, dw, alpha))
+        if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+            return self.eager(state, dw, dt, lr)
+        unwrapped = [_compat.unwrap_batched(leaf, level) for leaf in leaves]
+        runs = next((tensor.shape[dim] for tensor, dim in unwrapped if dim is not None), None)
+        if runs is None or any(_compat.is_wrapped(tensor) for tensor, _ in unwrapped) or _compat.tracing():
+            return self.eager(state, dw, dt, lr)
+        stacked = [_runs_first(tensor, dim, runs) for tensor, dim in unwrapped]
+        state_1, dw_1, _ = unflatten(spec, [tensor[0] for tensor in stacked])
+        key = (spec, float(dt), runs, tuple((t.shape, t.dtype, t.device) for t in stacked))
+        with _compat.outside_transforms():  # plain tensors from here: the kernel is built and called outside vmap
+            kernel = self.batched_kernels.get(key)
+            if kernel is None:
+                plan = self.prepare(state_1, dw_1, dt, lr)
+                kernel = self.batched_kernels[key] = _batched_kernel(self, plan, float(dt), unflatten(spec, stacked))
+            alphas = stacked[-1]
+            good = _checks.good_rates(alphas)
+            if not bool(good.all()):
+                _checks.check_alpha(alphas[int((~good).nonzero()[0])], state_1.t, lr)  # raises with that run's message
+            states, dws, _ = unflatten(spec, stacked)
+            out = kernel(states, dws, alphas.to(torch.float64))
+        return tree_map(lambda tensor: _compat.add_batch_dim(tensor, 0, level), out)
+
+
+def _batched_kernel(jit: JitStep, plan: Hashable, dt: float, example: tuple) -> Kernel:
+    """The compiled ``vmap`` over runs of the one-run step (alpha per run, float64 like the clock)."""
+    problem = jit.problem
+    states, dws, alphas = example
+
+    def runs_step(s: State, w: torch.Tensor, a: torch.Tensor) -> tuple[State, StepInfo]:
+        return vmap(lambda s1, w1, a1: problem.advance(s1, w1, dt, a1, plan))(s, w, a)
+
+    return function_kernel(
+        runs_step,
+        (states, dws, alphas.to(torch.float64)),
+        key=(problem, plan, dt, "advance over runs"),
+        options=jit.options,
+        what="the step over vmapped runs",
+    )
+
+
+def _runs_first(tensor: torch.Tensor, dim: int | None, runs: int) -> torch.Tensor:
+    """The tensor of every run with the run axis in front (an input shared by the runs broadcast), contiguous."""
+    if dim is None:
+        return tensor.unsqueeze(0).expand(runs, *tensor.shape).contiguous()
+    return tensor.movedim(dim, 0).contiguous()
+
 
 def jit_step(
     sde: SDE,
@@ -219,8 +265,8 @@ def jit_step(
         solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
         optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
         mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
-        compile: Take the steps through a compiled kernel (default: True, the AOTInductor route); a
-            ``fwdtrain.Compile`` chooses the route (``Compile(True, route="dynamo")``: ``torch.compile``);
+        compile: Take the steps through a compiled kernel (default: True, AOTInductor); a
+            ``fwdtrain.Compile`` chooses the compiler (``Compile(True, compiler="dynamo")``: ``torch.compile``);
             False: eager, with the checks and plans still prepared once per key.
 
     Returns:
@@ -271,18 +317,7 @@ def step_with_info(
     mode: Mode = "auto",
     compile: bool | Compile = False,
 ) -> tuple[State, StepInfo]:
-    """``step``, also returning the step's diagnostics at time n.
-
-    Args:
-        sde: The problem; the other arguments are those of ``fwdtrain.step``.
-        state: The current ``State``.
-        dw: Brownian increments, shape (N, m).
-        dt: The step h > 0.
-        lr: The learning rate: a number, a 0-d tensor or a schedule t -> alpha(t).
-        solver: ``Euler()`` (default), ``Heun()``, ``Milstein()`` or a name.
-        optimizer: The ``fwdtrain.optim`` rule of ``state.opt_state``; None: plain sgd.
-        mode: ``"auto"``, ``"reverse"`` or ``"forward"``.
-        compile: Take the step through a compiled kernel (True, or a ``fwdtrain.Compile`` naming the route).
+    """``step``, also returning the step's diagnostics at time n; the arguments are those of ``fwdtrain.step``.
 
     Returns:
         ``(new_state, StepInfo(cost, gradient))``: cost = (1/N) sum_i c(X_n^i, theta_n), 0-d, and
