@@ -195,7 +195,7 @@ def _exponential_terms(
     season = season_pieces(kernel.knots, piece.times) @ baseline.T  # (R, b, K)
     intensities = season + strict.reshape(r, b, -1) @ coefficients.T
     chosen = torch.gather(intensities, 2, piece.types[..., None])[..., 0]
-    log_rate = torch.where(piece.mask, torch.log(torch.where(piece.mask, chosen, 1.0)), 0.0)
+    log_rate = _masked_log(chosen, piece.mask)
     after = torch.cat([carry.state[0][:, None], (sums + jumps[:, :, None, :])[:, :-1]], 1)
     exposure = season_exposure(kernel.knots, piece.times)
     exposure = exposure - torch.cat([season_exposure(kernel.knots, carry.time)[:, None], exposure[:, :-1]], 1)
@@ -414,7 +414,12 @@ def _left_limits(before: torch.Tensor, piece: Piece, left0: torch.Tensor) -> tor
 
 def _log_rates(model: EventModel, theta: Any, left: torch.Tensor, piece: Piece) -> torch.Tensor:
     rates = torch.gather(_rates(model, theta, left), 2, piece.types[..., None])[..., 0]
-    return torch.where(piece.mask, torch.log(torch.where(piece.mask, rates, 1.0)), 0.0)
+    return _masked_log(rates, piece.mask)
+
+
+def _masked_log(rates: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log(rates) where mask, 0 at padding (the padded entries never reach the log, so no NaN gradient)."""
+    return torch.where(mask, torch.log(torch.where(mask, rates, 1.0)), 0.0)
 
 
 def _substeps(piece: Piece) -> tuple[torch.Tensor, int]:
