@@ -231,10 +231,13 @@ def simulate(
 ) -> EventData:
     """Events of ``realizations`` independent paths of ``model`` on [0, end_time] at ``theta`` (natural units),
     from Y(0) = 0, seeded by ``seed``; ``marks(rng, k)`` draws the mark (q,) of a type-k event (numpy's rng; e.g.
-    a Bernoulli side ``lambda rng, k: [rng.integers(2)]``)."""
+    a Bernoulli side ``lambda rng, k: [rng.integers(2)]``). The draw runs in float64 on the CPU (a loop per
+    candidate); the events come in the dtype and on the device of theta's tensors (float64 on the CPU for
+    numbers)."""
     if not (np.isfinite(end_time) and end_time > 0):
         raise ValueError(f"end_time must be a positive number, got {end_time!r}")
-    theta = {name: torch.as_tensor(value, dtype=D64) for name, value in theta.items()}
+    dtype, device = _kind(theta)
+    theta = {name: torch.as_tensor(value).to(dtype=D64, device="cpu") for name, value in theta.items()}
     if isinstance(model, AdditiveModel):
         width = np.asarray(marks(np.random.default_rng(seed), 0) if marks is not None else []).size
         check_additive(model, theta, width)
@@ -249,12 +252,21 @@ def simulate(
         [[times[kinds == k] for k in range(model.type_count)] for times, kinds, _ in paths], end_time=end_time
     )
     q = max((len(v[0]) for _, _, v in paths if v), default=0)
-    if q == 0:
-        return data
-    out = torch.zeros((*data.times.shape, q), dtype=D64)
-    for r, (times, _, values) in enumerate(paths):  # drawn times increase strictly: the marks are in time order
-        out[r, : len(times)] = torch.as_tensor(np.asarray(values))
-    return data._replace(marks=out)
+    if q:
+        out = torch.zeros((*data.times.shape, q), dtype=D64)
+        for r, (times, _, values) in enumerate(paths):  # drawn times increase strictly: the marks are in time order
+            out[r, : len(times)] = torch.as_tensor(np.asarray(values))
+        data = data._replace(marks=out)
+    return data.to(device, dtype)
+
+
+def _kind(theta: dict[str, Any]) -> tuple[torch.dtype, Any]:
+    """The dtype and device of theta's floating tensors (float64 on the CPU if none): the events' own."""
+    kinds = {(v.dtype, v.device) for v in theta.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if len(kinds) > 1:
+        found = sorted(f"{dtype} on {device}" for dtype, device in kinds)
+        raise ValueError(f"theta mixes {found}: give every parameter in one dtype on one device")
+    return next(iter(kinds), (D64, None))
 
 
 __all__ = ["simulate"]
