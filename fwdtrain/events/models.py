@@ -221,7 +221,7 @@ def _hawkes_start(
         else:
             theta["adjacency"] = rates.new_full((k, k, u), 0.4 / (k * u))
             if fitted:
-                theta["decays"] = per_decay.to(rates)
+                theta["decays"] = per_decay.to(rates, copy=True)
         if marked:
             theta["mark_power"] = rates.new_zeros(())
         return theta
