@@ -164,19 +164,36 @@ def test_simulate_returns_the_dtype_of_its_parameters_and_refuses_a_mix():
         pp.simulate(model, {**singles, "decay": torch.tensor(1.5, dtype=F64)}, 30.0)
 
 
+@pytest.mark.parametrize("name", ["time of day", "mark scaled", "order book", "state-dependent"])
+def test_no_tensor_is_made_on_the_default_device_instead_of_the_events(name):
+    """With the default device set elsewhere (meta), a tensor made without the events' device would meet them in
+    an operation and fail: the likelihood, the intensity and the residuals make none."""
+    model, theta, data = _drawn(name, 40.0)
+    theta = {key: torch.as_tensor(value, dtype=F64) for key, value in theta.items()}
+    grid = data.times.new_tensor([0.5, 7.0])
+    torch.set_default_device("meta")
+    try:
+        value = pp.log_likelihood(model, theta, data)
+        lam = pp.intensity(model, theta, data, grid)
+        good = pp.goodness(model, theta, data)
+    finally:
+        torch.set_default_device(None)
+    assert value.device == lam.device == data.device and len(good.residuals) == model.type_count
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_events_on_a_gpu_give_the_cpu_results():
+    """The likelihood and the intensity (a fit also needs fitting's parameter masks on the device)."""
     model, theta, data = _drawn("hawkes", 200.0)
     device = torch.device("cuda")
     moved = data.to(device)
     value = pp.log_likelihood(model, theta, moved)
     assert value.device.type == "cuda"
     assert float(value) == pytest.approx(float(pp.log_likelihood(model, theta, data)), rel=1e-10)
-    fitted = pp.fit(model, moved)
-    exact = pp.fit(model, data)
-    for key, estimate in fitted.params.items():
-        assert estimate.device.type == "cuda"
-        torch.testing.assert_close(estimate.cpu(), exact.params[key], rtol=1e-6, atol=1e-8)
+    grid = torch.linspace(0.0, 150.0, 16, dtype=F64)
+    lam = pp.intensity(model, theta, moved, grid.to(device))
+    assert lam.device.type == "cuda"
+    torch.testing.assert_close(lam.cpu(), pp.intensity(model, theta, data, grid), rtol=1e-10, atol=1e-12)
     book, book_theta, book_data = _drawn("order book", 100.0)
     on_gpu = pp.log_likelihood(book, book_theta, book_data.to(device))
     assert float(on_gpu) == pytest.approx(float(pp.log_likelihood(book, book_theta, book_data)), rel=1e-10)

@@ -44,7 +44,7 @@ def newton_step(
     previous = torch.cat([x0[:, None], path[:, :-1]], 1)
     d = path.shape[-1]
     value = after(previous)
-    basis = torch.eye(d, dtype=path.dtype)[:, None, None, :].expand(d, *previous.shape)
+    basis = torch.eye(d, dtype=path.dtype, device=path.device)[:, None, None, :].expand(d, *previous.shape)
     columns = torch.func.vmap(lambda t: torch.func.jvp(after, (previous,), (t,))[1])(basis)  # (d, R, n, d)
     jacobian = columns.permute(1, 2, 3, 0)  # (R, n, d_out, d_in)
     if clip:
