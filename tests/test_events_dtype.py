@@ -197,3 +197,13 @@ def test_events_on_a_gpu_give_the_cpu_results():
     book, book_theta, book_data = _drawn("order book", 100.0)
     on_gpu = pp.log_likelihood(book, book_theta, book_data.to(device))
     assert float(on_gpu) == pytest.approx(float(pp.log_likelihood(book, book_theta, book_data)), rel=1e-10)
+
+
+def test_numbers_reach_the_events_dtype_directly_not_through_float32():
+    model = pp.intensity_model(
+        lambda theta, y: theta["mu"].reshape(1), parameters={"mu": pp.Parameter((), positive=True)}, start={"mu": 0.1}
+    )
+    _, _, data = _drawn("hawkes", 10.0)
+    assert model.start(data)["mu"].item() == 0.1
+    assert model.start(data.to(dtype=F32))["mu"].dtype == F32
+    assert ft.events.pack(model, {"mu": 0.1}, data.times).exp().item() == pytest.approx(0.1, rel=1e-15)

@@ -463,8 +463,10 @@ def intensity_model(
 
 def _follow(value: Any, times: torch.Tensor | None) -> torch.Tensor:
     """A start value in the events' dtype and device (float64 without events)."""
-    value = torch.as_tensor(value)
-    return value.to(dtype=D64 if times is None else times.dtype, device=None if times is None else times.device)
+    dtype, device = (D64, None) if times is None else (times.dtype, times.device)
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype=dtype, device=device)
+    return torch.as_tensor(value, dtype=dtype, device=device)  # numbers straight to the dtype, not through float32
 
 
 def _no_jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

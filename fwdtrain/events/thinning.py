@@ -237,7 +237,12 @@ def simulate(
     if not (np.isfinite(end_time) and end_time > 0):
         raise ValueError(f"end_time must be a positive number, got {end_time!r}")
     dtype, device = _kind(theta)
-    theta = {name: torch.as_tensor(value).to(dtype=D64, device="cpu") for name, value in theta.items()}
+    theta = {
+        name: value.to(dtype=D64, device="cpu")
+        if isinstance(value, torch.Tensor)
+        else torch.as_tensor(value, dtype=D64)
+        for name, value in theta.items()
+    }
     if isinstance(model, AdditiveModel):
         width = np.asarray(marks(np.random.default_rng(seed), 0) if marks is not None else []).size
         check_additive(model, theta, width)
