@@ -14,7 +14,9 @@ torch.func call included) and warm with its ratio to the reference, ``method="on
 four exponentials (decays 1, 10, 100, 1000; ~10,000 events): the scipy fit at those fixed decays, fwdtrain's fit
 at fixed decays and with the decays fitted, and one derivative pass with 4 fitted decays against one decay. Then
 a state-dependent jump (lambda = mu + Y, jump alpha / (1 + Y / cap); ~5,000 events): fwdtrain's general engine
-against a Python-loop log-likelihood with scipy's L-BFGS-B, with one log L pass and one derivative pass.
+against a Python-loop log-likelihood with scipy's L-BFGS-B, with one log L pass and one derivative pass. Then ``simulate`` against Ogata's
+thinning in plain numpy (``numpy_thinning``) on the same models: the 2-D Hawkes process (~10,000 events) and the
+saturating jump.
 Writes JSON to benchmarks/results/bench_events.json.
 """
 
@@ -32,7 +34,7 @@ from scipy.optimize import minimize
 
 import fwdtrain as ft
 
-from . import machine, scipy_hawkes
+from . import machine, numpy_thinning, scipy_hawkes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MU, ALPHA, BETA = np.array([0.5, 0.3]), np.array([[0.5, 0.2], [0.3, 0.4]]), 1.5
@@ -194,6 +196,47 @@ def state_dependent(rows: list[dict], repeats: int, end: float) -> dict:
     }
 
 
+def simulation(rows: list[dict], repeats: int, quick: bool) -> dict:
+    """``simulate`` against a plain numpy thinning (``numpy_thinning``), same model and window: the 2-D Hawkes
+    process (~10,000 events; quick ~800) and the saturating state-dependent jump (~5,000; quick ~250)."""
+    pp = ft.pointprocess
+    hawkes_end, saturating_end = (300.0, 200.0) if quick else (3_600.0, 4_000.0)
+    theta = {"baseline": MU, "adjacency": ALPHA, "decay": BETA}
+    model = saturating_model()
+    cases = (
+        (
+            "2-D Hawkes",
+            hawkes_end,
+            lambda: pp.simulate(pp.hawkes(dimension=2), theta, hawkes_end, seed=1),
+            lambda: numpy_thinning.hawkes(MU, ALPHA[..., None], np.array([BETA]), hawkes_end, 1),
+        ),
+        (
+            "saturating jump",
+            saturating_end,
+            lambda: pp.simulate(model, SATURATING, saturating_end, seed=1),
+            lambda: numpy_thinning.saturating(**SATURATING, end=saturating_end, seed=1),
+        ),
+    )
+    summary = {}
+    for name, end, mine, reference in cases:
+        numpy_seconds, drawn = best(reference, repeats)
+        seconds, data = best(mine, repeats)
+        count = sum(t.size for t in drawn) if isinstance(drawn, list) else drawn.size
+        for variant, time_s, n in (
+            ("numpy thinning", numpy_seconds, count),
+            ("fwdtrain simulate", seconds, data.events),
+        ):
+            rows.append({"variant": f"{variant} ({name})", "seconds": time_s, "events": n, "repeats": repeats})
+        rows[-1]["x_faster_than"] = {rows[-2]["variant"]: numpy_seconds / seconds}
+        print(
+            f"simulate, {name} on [0, {end:g}]: numpy thinning {numpy_seconds:.3f} s ({count} events), "
+            f"fwdtrain {seconds:.3f} s ({data.events} events), {numpy_seconds / seconds:.2f}x",
+            flush=True,
+        )
+        summary[f"simulate_{name.replace(' ', '_').replace('-', '')}_x_faster_than_numpy"] = numpy_seconds / seconds
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="~800 events")
@@ -248,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     summary.update(multi_scale(rows, args.repeats, args.multi_end or (100.0 if args.quick else 6_500.0)))
     summary.update(state_dependent(rows, args.repeats, 200.0 if args.quick else 5_000.0))
+    summary.update(simulation(rows, args.repeats, args.quick))
     print(json.dumps(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": before, "rows": rows, "summary": summary}, indent=1))

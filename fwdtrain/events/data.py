@@ -5,6 +5,10 @@
     times (R, n) float64, types (R, n) int64 in {0..K-1}, marks (R, n, q) float64, mask (R, n) bool,
     start (R,), end (R,) the observation windows [start_r, end_r].
 
+The builders give float64 on the CPU; ``events.to(device, dtype)`` moves them, and the likelihood, the fits and
+the diagnostics then compute in the events' dtype on their device (``as_parameter``: parameters given as numbers follow
+the events, tensors of another dtype or device are refused).
+
 Padded events (mask False) sit after the last real event at its time, with type 0 and mark 0: every engine
 treats them as no-ops. Builders: ``from_tick`` (tick's layout: a list of realizations, each a list of K sorted
 arrays of times), ``from_table`` (columns time, type, mark from numpy, torch or pandas), ``read_lobster`` (a
@@ -27,12 +31,12 @@ D64 = torch.float64
 class EventData(NamedTuple):
     """R padded realizations of a K-type marked point process on the windows [start_r, end_r]."""
 
-    times: torch.Tensor  # (R, n) float64, sorted within each realization
+    times: torch.Tensor  # (R, n) floating (float64 by default), sorted within each realization
     types: torch.Tensor  # (R, n) int64
-    marks: torch.Tensor  # (R, n, q) float64
+    marks: torch.Tensor  # (R, n, q) the times' dtype
     mask: torch.Tensor  # (R, n) bool, False on padding
-    start: torch.Tensor  # (R,) float64
-    end: torch.Tensor  # (R,) float64
+    start: torch.Tensor  # (R,) the times' dtype
+    end: torch.Tensor  # (R,) the times' dtype
     dimension: int  # K, the number of event types
 
     @property
@@ -46,8 +50,49 @@ class EventData(NamedTuple):
 
     def counts(self) -> torch.Tensor:
         """(R, K) events of each type in each realization."""
-        onehot = torch.nn.functional.one_hot(self.types, self.dimension).to(D64)
+        onehot = torch.nn.functional.one_hot(self.types, self.dimension).to(self.times.dtype)
         return (onehot * self.mask[..., None]).sum(1)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the times, marks and windows (float64 unless moved by ``to``)."""
+        return self.times.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.times.device
+
+    def to(self, device: Any = None, dtype: torch.dtype | None = None) -> EventData:
+        """The same events on ``device`` (None: where they are) with times, marks and windows in the floating
+        ``dtype`` (None: as they are); a float32 copy keeps about 7 digits of each time."""
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"EventData.to(dtype=...) must be a floating dtype (float64, float32), got {dtype}")
+        real = {"device": device, "dtype": dtype}
+        return self._replace(
+            times=self.times.to(**real),
+            types=self.types.to(device),
+            marks=self.marks.to(**real),
+            mask=self.mask.to(device),
+            start=self.start.to(**real),
+            end=self.end.to(**real),
+        )
+
+
+def as_parameter(value: Any, name: str, events: torch.Tensor | None) -> torch.Tensor:
+    """``value`` (a parameter) as a tensor beside ``events`` (a tensor of the events, e.g. their times): numbers in
+    its dtype on its device, a floating tensor as it is if it matches them, else refused (None: numbers in float64,
+    tensors as they are)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        if events is not None and (value.dtype != events.dtype or value.device != events.device):
+            raise ValueError(
+                f"{name} is {value.dtype} on {value.device}, the events are {events.dtype} on {events.device}: "
+                f"give the parameters in the events' dtype and device ({name}.to(events.times)) or move the events "
+                f"(events.to({str(value.device)!r}, {value.dtype}))"
+            )
+        return value
+    if events is None:
+        return torch.as_tensor(value, dtype=D64)
+    return torch.as_tensor(value, dtype=events.dtype, device=events.device)
 
 
 def _array(values: Any, name: str) -> np.ndarray:
@@ -338,13 +383,14 @@ def ties(data: EventData) -> torch.Tensor:
     """(R, n, K): the number of earlier events of each type at exactly the same time as each event (the
     events an exact left limit Y(t_i-) must not yet include)."""
     r, n = data.times.shape
-    onehot = torch.nn.functional.one_hot(data.types, data.dimension).to(D64) * data.mask[..., None]
+    onehot = torch.nn.functional.one_hot(data.types, data.dimension).to(data.dtype) * data.mask[..., None]
     cumulative = torch.cumsum(onehot, 1) - onehot  # earlier events, by index
-    same = torch.ones((r, n), dtype=torch.bool)
+    same = torch.ones((r, n), dtype=torch.bool, device=data.device)
     same[:, 1:] = data.times[:, 1:] == data.times[:, :-1]
-    group = torch.cummax(torch.where(same, 0, torch.arange(n).expand(r, n)), 1).values  # first index of each tie
+    index = torch.arange(n, device=data.device).expand(r, n)
+    group = torch.cummax(torch.where(same, 0, index), 1).values  # first index of each tie
     first = torch.gather(cumulative, 1, group[..., None].expand(r, n, data.dimension))
     return (cumulative - first) * data.mask[..., None]
 
 
-__all__ = ["EventData", "as_events", "from_table", "from_tick", "merge_fills", "read_lobster", "ties"]
+__all__ = ["EventData", "as_events", "as_parameter", "from_table", "from_tick", "merge_fills", "read_lobster", "ties"]

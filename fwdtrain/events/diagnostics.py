@@ -18,16 +18,17 @@ from typing import Any, NamedTuple
 import torch
 from torch.func import vmap
 
-from .data import D64, EventData, as_events
+from .data import EventData, as_events, as_parameter
 from .expsums import linear_scan
 from .likelihood import Prepared, flow, prepare
 from .likelihood import log_likelihood as _prepared_log_likelihood
 from .models import AdditiveModel, EventModel, ExponentialHawkes, GeneralModel, kernel_rate, size
 
 
-def _theta(params: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """theta as tensors (float64 where given as numbers; tensors as they are, so they stay differentiable)."""
-    return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v, dtype=D64) for k, v in params.items()}
+def _theta(params: dict[str, Any], events: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """theta as tensors beside ``events`` (``data.as_parameter``: numbers in the events' dtype, tensors as they
+    are, so they stay differentiable, if they match the events)."""
+    return {k: as_parameter(v, f"params[{k!r}]", events) for k, v in params.items()}
 
 
 def _data(model: EventModel, events: Any, end_time: Any, start_time: Any) -> EventData:
@@ -46,7 +47,7 @@ def log_likelihood(
     """log L (0-d, summed over realizations) of ``events`` under ``model`` at ``params`` (natural units; tensors
     stay differentiable). ``events``: anything ``as_events`` takes, or a ``prepare``d object."""
     prepared = events if isinstance(events, Prepared) else prepare(model, _data(model, events, end_time, start_time))
-    return _prepared_log_likelihood(model, _theta(params), prepared)
+    return _prepared_log_likelihood(model, _theta(params, prepared.data.times), prepared)
 
 
 class Evaluation(NamedTuple):
@@ -87,15 +88,15 @@ def _after_events(model: EventModel, theta: Any, data: EventData) -> torch.Tenso
     gaps = torch.diff(data.times, dim=1, prepend=data.start[:, None])
     jump = vmap(model.jump, in_dims=(None, 0, 0, 0))
     if isinstance(model, ExponentialHawkes | AdditiveModel):  # jumps that do not depend on Y: one scan
-        zeros = torch.zeros((r * n, model.state_size), dtype=D64)
+        zeros = data.times.new_zeros((r * n, model.state_size))
         flat = jump(theta, zeros, data.types.reshape(-1), data.marks.reshape(r * n, -1)).reshape(r, n, -1)
         fades = torch.exp(-gaps[..., None] * model.decay(theta))
-        return linear_scan(fades, flat * data.mask[..., None].to(D64))
-    y = torch.zeros((r, model.state_size), dtype=D64)
+        return linear_scan(fades, flat * data.mask[..., None].to(data.dtype))
+    y = data.times.new_zeros((r, model.state_size))
     out = []
     for i in range(n):
         y = _flow(model, theta, y, gaps[:, i])
-        y = y + data.mask[:, i, None].to(D64) * jump(theta, y, data.types[:, i], data.marks[:, i])
+        y = y + data.mask[:, i, None].to(data.dtype) * jump(theta, y, data.types[:, i], data.marks[:, i])
         out.append(y)
     return torch.stack(out, 1)
 
@@ -112,9 +113,9 @@ def intensity(
     realization or (R, G)), each at least its realization's start: the left limit, which excludes an event at
     the grid time itself. Y is carried over the events once and flowed from the last event before each time."""
     data = _data(model, events, end_time, start_time)
-    theta = _theta(params)
+    theta = _theta(params, data.times)
     r = data.realizations
-    times = torch.as_tensor(grid, dtype=D64)
+    times = torch.as_tensor(grid, dtype=data.dtype, device=data.device)
     times = times.expand(r, -1).contiguous() if times.ndim == 1 else times
     if times.ndim != 2 or times.shape[0] != r:
         raise ValueError(f"grid must be (G,) or (R, G) = ({r}, G) times, got shape {tuple(times.shape)}")

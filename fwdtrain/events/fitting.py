@@ -114,7 +114,7 @@ def _errors(information: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor
 def information(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> torch.Tensor:
     """The observed information (p, p) in natural units at ``params``: one gradient and one Hessian pass."""
     prepared = prepare(model, as_events(events, end_time, types=model.type_count))
-    u = pack(model, params)
+    u = pack(model, params, prepared.data.times)
     return natural_information(model, u, *derivatives(model, prepared, u))
 
 
@@ -212,8 +212,9 @@ def batch(
     total = _alone if reduce is None else reduce
     if reduce is not None and solver != "newton":
         raise ValueError(f"reduce= (realizations across processes) needs solver='newton', got {solver!r}")
-    u = pack(model, start)
-    u = total(u) / total(torch.ones((), dtype=u.dtype))
+    u = pack(model, start, prepared.data.times)
+    tolerance = max(tolerance, 100 * torch.finfo(u.dtype).eps)  # float32: 1.2e-5, float64 as given
+    u = total(u) / total(torch.ones((), dtype=u.dtype, device=u.device))
     scale = float(total(torch.tensor(float(prepared.data.events)))) or 1.0
     objective = lambda w: total(_objective(model, prepared, 1.0)(w)) / scale
     if solver == "newton" and isinstance(model, ExponentialHawkes) and model.jets:
@@ -257,7 +258,7 @@ def online(
     else:
         check(state, prepared)
     kept, moved, path = walk(model, prepared, state, bounded, int(block), radius)
-    fisher = moved.information - moved.prior * torch.eye(moved.u.numel(), dtype=moved.u.dtype)
+    fisher = moved.information - moved.prior * torch.eye(moved.u.numel(), dtype=moved.u.dtype, device=moved.u.device)
     observed = natural_information(model, moved.u, torch.zeros_like(moved.u), -fisher)
     held = bounded & (moved.u <= 0)
     covariance, errors = _errors(observed, held)
@@ -312,7 +313,7 @@ def fit(
     data = events if isinstance(events, EventData) else as_events(events, end_time, start_time, model.type_count)
     prepared = prepare(model, data)
     theta = model.start(prepared.data) if start is None else start
-    pack(model, theta)  # checked before any work
+    pack(model, theta, prepared.data.times)  # checked before any work
     result = (batch if method == "batch" else online)(model, prepared, theta, **options)
     _warn(result)
     return result

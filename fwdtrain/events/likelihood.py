@@ -32,7 +32,7 @@ from torch.func import vmap
 
 from .. import _compat
 from . import recursion
-from .data import D64, EventData, ties
+from .data import EventData, ties
 from .expsums import exponential_sum_jets, exponential_sums, linear_scan
 from .models import (
     AdditiveModel,
@@ -123,7 +123,7 @@ def pieces(prepared: Prepared, size: int) -> Iterator[Piece]:
 
 def init(model: EventModel, theta: Any, data: EventData) -> Carry:
     """The state at the windows' starts: 0 (Y(start) = 0 for every model)."""
-    y = torch.zeros((data.realizations, model.state_size), dtype=D64)
+    y = data.times.new_zeros((data.realizations, model.state_size))
     if isinstance(model, ExponentialHawkes):  # the sums after the last event, and the strict sums it saw
         decays = model.kernel.decays(theta)
         shape = (data.realizations, decays.shape[0], model.type_count)
@@ -159,7 +159,7 @@ def tail(model: EventModel, theta: Any, carry: Carry, end: torch.Tensor, substep
 
 def _exponential_jumps(model: ExponentialHawkes, theta: Any, piece: Piece) -> torch.Tensor:
     """Each event's jump in the sums of its type (R, b, K): one, or ``jump_size`` of its mark; 0 on padding."""
-    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(D64) * piece.mask[..., None]
+    onehot = torch.nn.functional.one_hot(piece.types, model.type_count).to(piece.times.dtype) * piece.mask[..., None]
     size = model.kernel.jump_size
     if size is None:
         return onehot
@@ -243,12 +243,12 @@ def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepar
     knots = model.kernel.knots
     k = model.type_count
     carry: tuple[torch.Tensor, ...] = tuple(
-        torch.zeros((data.realizations, decays.shape[0], k), dtype=D64) for _ in range(3)
+        data.times.new_zeros((data.realizations, decays.shape[0], k)) for _ in range(3)
     )
     time = data.start
     strict = []
     for piece in pieces(prepared, size):
-        onehot = torch.nn.functional.one_hot(piece.types, k).to(D64) * piece.mask[..., None]
+        onehot = torch.nn.functional.one_hot(piece.types, k).to(data.dtype) * piece.mask[..., None]
         sums, carry = exponential_sum_jets(decays, piece.times, onehot, time, carry)
         earlier = piece.earlier[:, :, None, :]
         strict.append(torch.stack([sums[0] - earlier, sums[1], sums[2]], -1)[piece.mask])
@@ -259,7 +259,7 @@ def kernel_jets(model: ExponentialHawkes, decays: torch.Tensor, prepared: Prepar
     return KernelJets(
         decays=decays,
         features=features,
-        onehot=torch.nn.functional.one_hot(data.types[data.mask], k).to(D64),
+        onehot=torch.nn.functional.one_hot(data.types[data.mask], k).to(data.dtype),
         last=Jet(*carry),
         remaining=data.end - time,
         counts=data.counts().sum(0),
@@ -359,14 +359,15 @@ def _interval(
         moved = y * torch.exp(-gap[:, None] * rates_of_decay)
         if not compensate:
             return moved, None
-        owner = torch.repeat_interleave(torch.arange(y.shape[0]), substeps)  # each piece's interval (P,)
+        owner = torch.repeat_interleave(torch.arange(y.shape[0], device=y.device), substeps)  # each piece's interval
         first = torch.cumsum(substeps, 0) - substeps
-        index = (torch.arange(owner.shape[0]) - first[owner]).to(D64)  # each piece's place in its interval
-        count = substeps.to(D64)[owner]
-        unit = (index[:, None] + (_NODES + 1) / 2) / count[:, None]  # (P, Q)
+        index = (torch.arange(owner.shape[0], device=y.device) - first[owner]).to(gap.dtype)  # its place in it
+        count = substeps.to(gap.dtype)[owner]
+        nodes, node_weights = (a.to(dtype=gap.dtype, device=gap.device) for a in (_NODES, _WEIGHTS))
+        unit = (index[:, None] + (nodes + 1) / 2) / count[:, None]  # (P, Q)
         at = (gap[owner][:, None] * unit)[..., None]
         path = y[owner][:, None, :] * torch.exp(-at * rates_of_decay)  # (P, Q, d)
-        weights = _WEIGHTS / (2 * count[:, None])
+        weights = node_weights / (2 * count[:, None])
         per_piece = (_rates(model, theta, path) * weights[..., None]).sum(1) * gap[owner][:, None]  # (P, K)
         compensator = per_piece.new_zeros((y.shape[0], per_piece.shape[-1])).index_add(0, owner, per_piece)
         return moved, compensator
@@ -374,7 +375,7 @@ def _interval(
     if model.drift is None:
         return y, (_rates(model, theta, y) * gap[:, None]) if compensate else None
     drift = vmap(model.drift, in_dims=(None, 0))
-    h = (gap / substeps.to(D64))[:, None]
+    h = (gap / substeps.to(gap.dtype))[:, None]
     compensator = y.new_zeros((y.shape[0], model.type_count))
     for number in range(most):
         stages = [y]
@@ -392,13 +393,13 @@ def _interval(
 
 def flow(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
     """Y (R, d) after ``gap`` (R,) with no events, on ``substeps`` pieces (RK4 steps for a drift)."""
-    moved, _ = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps, False)
+    moved, _ = _interval(model, theta, y, gap, torch.full(gap.shape, substeps, device=gap.device), substeps, False)
     return moved
 
 
 def _advance(model: AdditiveModel | GeneralModel, theta: Any, y: torch.Tensor, gap: torch.Tensor, substeps: int):
     """(Y after ``gap`` (R,) with no events, the compensator (R, K) over it), on ``substeps`` pieces."""
-    moved, compensator = _interval(model, theta, y, gap, torch.full(gap.shape, substeps), substeps)
+    moved, compensator = _interval(model, theta, y, gap, torch.full(gap.shape, substeps, device=gap.device), substeps)
     assert compensator is not None
     return moved, compensator
 
@@ -407,7 +408,7 @@ def _left_limits(before: torch.Tensor, piece: Piece, left0: torch.Tensor) -> tor
     """Y(t_i-) seen by each event (R, b, d): at a tie, the state before the tie's first event (``left0`` when the
     tie began in an earlier chunk)."""
     r, b = piece.times.shape
-    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b).expand(r, b)), 1).values
+    group = torch.cummax(torch.where(piece.tied, 0, torch.arange(b, device=before.device).expand(r, b)), 1).values
     left = torch.gather(before, 1, group[..., None].expand(r, b, before.shape[-1]))
     return torch.where(piece.tied[:, :1, None] & (group[..., None] == 0), left0[:, None], left)
 
@@ -425,7 +426,8 @@ def _masked_log(rates: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _substeps(piece: Piece) -> tuple[torch.Tensor, int]:
     """Each interval's pieces (R, b) and the most of them."""
     r, b = piece.times.shape
-    return torch.tensor(piece.substeps, dtype=torch.long).expand(r, b), max(piece.substeps, default=1)
+    steps = torch.tensor(piece.substeps, dtype=torch.long, device=piece.times.device)
+    return steps.expand(r, b), max(piece.substeps, default=1)
 
 
 def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece):
@@ -437,7 +439,7 @@ def _additive_chunk(model: AdditiveModel, theta: Any, carry: Carry, piece: Piece
     flat = piece.marks.reshape(r * b, -1)
     zeros = y0.new_zeros((r * b, model.state_size))
     jumps = vmap(model.jump, in_dims=(None, 0, 0, 0))(theta, zeros, piece.types.reshape(-1), flat)
-    jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(D64)
+    jumps = jumps.reshape(r, b, -1) * piece.mask[..., None].to(jumps.dtype)
     gaps = piece.times - torch.cat([carry.time[:, None], piece.times[:, :-1]], 1)  # (R, b)
     fades = torch.exp(-gaps[..., None] * decay)
     after = torch.cat([y0[:, None], jumps[:, :-1]], 1)  # what each interval starts from, beyond the decayed state
@@ -475,7 +477,7 @@ def _general_columns(piece: Piece, time: torch.Tensor) -> tuple[tuple, int]:
     """((gaps, substeps, types, marks, mask) (R, b, ...), the most substeps) of a chunk that follows ``time`` (R,)."""
     gaps = piece.times - torch.cat([time[:, None], piece.times[:, :-1]], 1)
     substeps, most = _substeps(piece)
-    return (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(D64)), most
+    return (gaps, substeps, piece.types, piece.marks, piece.mask[..., None].to(gaps.dtype)), most
 
 
 def _general_terms(model: GeneralModel, theta: Any, carry: Carry, piece: Piece, path: torch.Tensor):
@@ -526,7 +528,7 @@ def general_chunk_about(
     after = lambda w, states: _general_after(model, to_theta(w), columns, most)(states, every)
     with torch.no_grad():
         _, jacobian = recursion.jacobians(lambda states: after(u, states), previous)  # (R, b, d, d)
-        eye = torch.eye(u.numel(), dtype=u.dtype)
+        eye = torch.eye(u.numel(), dtype=u.dtype, device=u.device)
         direct = torch.func.vmap(lambda e: torch.func.jvp(lambda w: after(w, previous), (u,), (e,))[1])(eye)
         entering = torch.cat([jacobian[:, :1], torch.zeros_like(jacobian[:, 1:])], 1)  # the start, through J_0
         sensitivities = recursion.matrix_scan(jacobian, torch.cat([direct.permute(1, 2, 3, 0), entering], -1))

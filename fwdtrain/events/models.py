@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .data import D64, EventData
+from .data import D64, EventData, as_parameter
 
 
 class Parameter(NamedTuple):
@@ -60,7 +60,7 @@ class ExponentialKernel(NamedTuple):
 
 def season_pieces(knots: tuple[float, ...], times: torch.Tensor) -> torch.Tensor:
     """The piece of the day of each time, one-hot (..., P): piece p holds [c_p, c_{p+1}) (c_0 = -inf, c_P = inf)."""
-    edges = torch.tensor(knots, dtype=times.dtype)
+    edges = torch.tensor(knots, dtype=times.dtype, device=times.device)
     index = torch.searchsorted(edges, times.contiguous(), right=True)
     return torch.nn.functional.one_hot(index, len(knots) + 1).to(times.dtype)
 
@@ -70,8 +70,8 @@ def season_exposure(knots: tuple[float, ...], times: torch.Tensor) -> torch.Tens
     spent in [c_p, c_{p+1}) after c_p up to t, the last E_{P-1} = max(t - c_{P-1}, 0) (no knots: E = t)."""
     if not knots:
         return times[..., None]
-    edges = torch.tensor(knots, dtype=times.dtype)
-    widths = torch.cat([torch.diff(edges), torch.tensor([math.inf], dtype=times.dtype)])
+    edges = torch.tensor(knots, dtype=times.dtype, device=times.device)
+    widths = torch.cat([torch.diff(edges), edges.new_tensor([math.inf])])
     later = torch.minimum((times[..., None] - edges).clamp(min=0), widths)
     return torch.cat([torch.minimum(times, edges[0])[..., None], later], -1)
 
@@ -169,13 +169,15 @@ def _common(model: EventModel) -> dict[str, Any]:
     return {field.name: getattr(model, field.name) for field in dataclasses.fields(EventModel)}
 
 
-def pack(model: EventModel, theta: dict[str, Any]) -> torch.Tensor:
-    """The vector u (p,) of theta (log of the positive parameters; the nonnegative ones keep their bound at 0)."""
+def pack(model: EventModel, theta: dict[str, Any], events: torch.Tensor | None = None) -> torch.Tensor:
+    """The vector u (p,) of theta (log of the positive parameters; the nonnegative ones keep their bound at 0),
+    beside ``events`` (their times: numbers in the events' dtype and device, other tensors refused; None: numbers
+    in float64, tensors as they are)."""
     pieces = []
     for name, spec in model.parameters.items():
         if name not in theta:
             raise KeyError(f"theta has no {name!r}; the model's parameters are {list(model.parameters)}")
-        value = torch.as_tensor(theta[name], dtype=D64)
+        value = as_parameter(theta[name], f"theta[{name!r}]", events)
         if tuple(value.shape) != spec.shape:
             raise ValueError(f"theta[{name!r}] must have shape {spec.shape}, got {tuple(value.shape)}")
         if spec.positive and spec.nonnegative:
@@ -213,15 +215,15 @@ def _hawkes_start(
         pieces = shape[1] if len(shape) > 1 else 1
         theta = {"baseline": (0.5 * rates).clamp(min=1e-3)[:, None].expand(k, pieces).reshape(shape).clone()}
         if per_decay is None:
-            theta["adjacency"] = torch.full((k, k), 0.4 / k, dtype=D64)
+            theta["adjacency"] = rates.new_full((k, k), 0.4 / k)
             scale = float(rates.sum()) + 1e-3
-            theta["decay"] = torch.full((k,) if row else (), scale, dtype=D64)
+            theta["decay"] = rates.new_full((k,) if row else (), scale)
         else:
-            theta["adjacency"] = torch.full((k, k, u), 0.4 / (k * u), dtype=D64)
+            theta["adjacency"] = rates.new_full((k, k, u), 0.4 / (k * u))
             if fitted:
-                theta["decays"] = per_decay.clone()
+                theta["decays"] = per_decay.to(rates, copy=True)
         if marked:
-            theta["mark_power"] = torch.zeros((), dtype=D64)
+            theta["mark_power"] = rates.new_zeros(())
         return theta
 
     return start
@@ -304,7 +306,7 @@ def _exponential_kernel(
         if fit_decays:
             parameters["decays"] = Parameter((u,), True)
         kernel = ExponentialKernel(
-            (lambda theta: theta["decays"]) if fit_decays else (lambda theta: fixed),
+            (lambda theta: theta["decays"]) if fit_decays else (lambda theta: _beside(fixed, theta["adjacency"])),
             lambda theta: theta["adjacency"].permute(0, 2, 1),
             baseline,
             knots,
@@ -322,7 +324,7 @@ def _exponential_kernel(
         eye = torch.eye(k, dtype=D64)
         kernel = ExponentialKernel(
             lambda theta: theta["decay"],
-            lambda theta: theta["adjacency"][:, None, :] * eye[:, :, None],
+            lambda theta: theta["adjacency"][:, None, :] * _beside(eye, theta["adjacency"])[:, :, None],
             baseline,
             knots,
             jump_size,
@@ -344,6 +346,11 @@ def _exponential_kernel(
     if jump_size is not None:
         parameters["mark_power"] = Parameter(())
     return kernel, parameters
+
+
+def _beside(constant: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """A model's constant in a parameter's dtype, on its device."""
+    return constant.to(dtype=parameter.dtype, device=parameter.device)
 
 
 def _knots(given: Sequence[float] | None) -> tuple[float, ...]:
@@ -431,13 +438,14 @@ def intensity_model(
     d = int(state_size)
 
     def default_start(data: EventData) -> dict[str, torch.Tensor]:
+        times = getattr(data, "times", None)  # the events' dtype and device (a given start may be read without them)
         if start is None:
             return {
-                name: torch.ones(spec.shape, dtype=D64) * (1.0 if spec.positive else 0.0)
+                name: _follow(torch.full(spec.shape, 1.0 if spec.positive else 0.0), times)
                 for name, spec in specs.items()
             }
         given = start(data) if callable(start) else start
-        return {name: torch.as_tensor(value, dtype=D64) for name, value in given.items()}
+        return {name: _follow(value, times) for name, value in given.items()}
 
     common: dict[str, Any] = {
         "type_count": int(type_count),
@@ -453,22 +461,37 @@ def intensity_model(
     return GeneralModel(**common, drift=drift, decay=decay, step=step)
 
 
+def _follow(value: Any, times: torch.Tensor | None) -> torch.Tensor:
+    """A start value in the events' dtype and device (float64 without events)."""
+    dtype, device = (D64, None) if times is None else (times.dtype, times.device)
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype=dtype, device=device)
+    return torch.as_tensor(value, dtype=dtype, device=device)  # numbers straight to the dtype, not through float32
+
+
 def _no_jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(y)
 
 
 def _no_decay(d: int) -> Callable[[Any], torch.Tensor]:
-    return lambda theta: torch.zeros(d, dtype=D64)
+    return lambda theta: torch.zeros(d, **_kind_of(theta))
+
+
+def _kind_of(theta: Any) -> dict[str, Any]:
+    """The dtype and device of theta's first tensor (float64 on the default device if it has none)."""
+    first = next((value for value in theta.values() if isinstance(value, torch.Tensor)), None)
+    return {"dtype": D64, "device": None} if first is None else {"dtype": first.dtype, "device": first.device}
 
 
 def check_additive(model: AdditiveModel, theta: Any, marks: int) -> None:
     """Refuse a jump declared additive that depends on y: jump(theta, y, k, 0) at y = 0 and at y = (0.37, 0.74, ..)
     for every type k must agree."""
-    z = torch.zeros(marks, dtype=D64)
-    here = torch.zeros(model.state_size, dtype=D64)
-    there = 0.37 * torch.arange(1, model.state_size + 1, dtype=D64)
+    kind_of = _kind_of(theta)
+    z = torch.zeros(marks, **kind_of)
+    here = torch.zeros(model.state_size, **kind_of)
+    there = 0.37 * torch.arange(1, model.state_size + 1, **kind_of)
     for k in range(model.type_count):
-        kind = torch.tensor(k)
+        kind = torch.tensor(k, device=here.device)
         a, b = model.jump(theta, here, kind, z), model.jump(theta, there, kind, z)
         if a.shape != b.shape or not bool(torch.allclose(a, b, rtol=1e-12, atol=1e-12)):
             raise ValueError(
@@ -501,9 +524,9 @@ def order_book(hidden: int = 0, sizes: bool = True) -> AdditiveModel:
 
     def start(data: EventData) -> dict[str, torch.Tensor]:
         rates = data.counts().sum(0) / float((data.end - data.start).sum())
-        theta = {name: torch.zeros(spec.shape, dtype=D64) for name, spec in parameters.items()}
+        theta = {name: rates.new_zeros(spec.shape) for name, spec in parameters.items()}
         theta["baseline"] = torch.log(torch.expm1(rates.clamp(min=1e-3)))
-        theta["kappa"] = torch.tensor(1.0, dtype=D64)
+        theta["kappa"] = rates.new_tensor(1.0)
         return theta
 
     def bound(theta: Any, y: torch.Tensor, horizon: float) -> torch.Tensor:

@@ -70,11 +70,13 @@ def neural_intensity(
     per_state = scales[:, None, None].expand(shape).reshape(-1)  # b_s of each entry of Y
 
     def rate(theta: Any, y: torch.Tensor) -> torch.Tensor:
-        return floor + torch.nn.functional.softplus(network.apply(theta, torch.log1p(per_state * y)))
+        return floor + torch.nn.functional.softplus(
+            network.apply(theta, torch.log1p(per_state.to(dtype=y.dtype, device=y.device) * y))
+        )
 
     def jump(theta: Any, y: torch.Tensor, kind: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         one = torch.nn.functional.one_hot(kind, k).to(y.dtype)  # (K,)
-        entries = torch.cat([torch.ones(1, dtype=y.dtype), z[:m].to(y.dtype)])  # (1 + m,)
+        entries = torch.cat([y.new_ones(1), z[:m].to(y.dtype)])  # (1 + m,)
         return (one[:, None] * entries[None, :]).expand(shape).reshape(-1)
 
     def start(data: EventData) -> dict[str, torch.Tensor]:
@@ -84,8 +86,8 @@ def neural_intensity(
                 f"{data.marks.shape[-1]}: give events with marks (a table's mark column) or build it with "
                 f"marks={data.marks.shape[-1]}"
             )
-        rates = data.counts().sum(0).to(D64) / float((data.end - data.start).sum())
-        theta = {name: value.clone() for name, value in network.theta.items()}
+        rates = data.counts().sum(0) / float((data.end - data.start).sum())
+        theta = {name: value.to(rates, copy=True) for name, value in network.theta.items()}
         theta["bias1"] = _softplus_inverse((rates - floor).clamp(min=floor))
         return theta
 
@@ -100,7 +102,7 @@ def neural_intensity(
         jump=jump,
         parameters=parameters,
         start=start,
-        decay=lambda theta: per_state,
+        decay=lambda theta: per_state.to(dtype=theta["bias1"].dtype, device=theta["bias1"].device),
         step=2.0 / float(scales.max()) if step is None else float(step),
         bound=bound,
     )

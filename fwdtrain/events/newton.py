@@ -64,6 +64,7 @@ def projected_newton(
     x = project(x, bounded)
     value = objective(x)
     damping = 1e-8
+    slack = 4.5 * torch.finfo(x.dtype).eps  # rounding of the objective: 1e-15 in float64
     for count in range(1, iterations + 1):
         gradient, curvature = derivatives(x)
         held = active(x, gradient, bounded)
@@ -75,7 +76,7 @@ def projected_newton(
                 return Newton(x, True, "converged", count)
             first = False
             candidate = objective(trial)
-            if bool(torch.isfinite(candidate)) and float(candidate) >= float(value) - 1e-15:
+            if bool(torch.isfinite(candidate)) and float(candidate) >= float(value) - slack:
                 break
             damping *= 10
             if damping > 1e12:

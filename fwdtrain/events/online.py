@@ -109,7 +109,7 @@ def block_step(model: EventModel, piece: Piece, u: torch.Tensor, carry: Carry, t
         moved, log_rate, compensator = about(w, state)
         return moved.state, log_rate, compensator.sum()
 
-    eye = torch.eye(u.numel(), dtype=u.dtype)
+    eye = torch.eye(u.numel(), dtype=u.dtype, device=u.device)
     state_dims = tuple(-1 for _ in carry.state)
     (state, log_rate, compensator), (d_state, d_log_rate, d_compensator) = vmap(  # type: ignore[misc]
         lambda du, ds: jvp(run, (u, carry.state), (du, ds)),
@@ -130,11 +130,11 @@ def begin(model: EventModel, prepared: Prepared, start: dict[str, Any], prior: f
     """The state before any event: u_0 = pack(start), A = prior I, b = prior u_0, Y = 0 at the windows' starts."""
     if not (math.isfinite(prior) and prior > 0):
         raise ValueError(f"online prior (the start's information per entry) must be a positive number, got {prior!r}")
-    u = pack(model, start)
+    u = pack(model, start, prepared.data.times)
     carry = init(model, unpack(model, u), prepared.data)
-    tangents = tuple(torch.zeros((*s.shape, u.numel()), dtype=s.dtype) for s in carry.state)
-    information = prior * torch.eye(u.numel(), dtype=u.dtype)
-    seen = torch.zeros(prepared.data.realizations, dtype=torch.int64)
+    tangents = tuple(s.new_zeros((*s.shape, u.numel())) for s in carry.state)
+    information = prior * torch.eye(u.numel(), dtype=u.dtype, device=u.device)
+    seen = torch.zeros(prepared.data.realizations, dtype=torch.int64, device=u.device)
     return OnlineState(
         u=u,
         information=information,
@@ -154,7 +154,9 @@ def _last(state: OnlineState) -> tuple[torch.Tensor, torch.Tensor]:
     if state.pending is None:
         return state.carry.time, state.seen > 0
     mask = state.pending.mask
-    column = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(1, keepdim=True)  # the last real event
+    column = (mask * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(
+        1, keepdim=True
+    )  # the last real event
     time = torch.where(mask.any(1), state.pending.times.gather(1, column)[:, 0], state.carry.time)
     return time, (state.seen > 0) | mask.any(1)
 
@@ -244,7 +246,7 @@ def _relinearise(model: EventModel, state: OnlineState, bounded: torch.Tensor, r
     moves u by more than ``SETTLED``: A, b, the carry and its sensitivity are replaced, the prequential log L kept."""
     assert state.origin is not None
     origin = state.origin
-    eye = torch.eye(state.u.numel(), dtype=state.u.dtype)
+    eye = torch.eye(state.u.numel(), dtype=state.u.dtype, device=state.u.device)
     for _ in range(RELINEARISATIONS):
         u, carry, tangents = state.u, origin.carry, origin.tangents
         information, target = state.prior * eye, state.prior * origin.u

@@ -52,7 +52,7 @@ def jacobians(
     d = value.shape[-1]
     if d == 1:  # one pullback of ones, no vmap
         return value, pullback(torch.ones_like(value))[0][..., None]
-    basis = torch.eye(d, dtype=value.dtype)[:, None, None, :].expand(d, *value.shape)
+    basis = torch.eye(d, dtype=value.dtype, device=value.device)[:, None, None, :].expand(d, *value.shape)
     rows = torch.func.vmap(pullback)(basis)[0]  # (d_out, R, n, d_in)
     return value, rows.permute(1, 2, 0, 3)
 
@@ -181,7 +181,7 @@ def derivatives(
     previous = shift(path)
     with torch.no_grad():
         _, jacobian = jacobians(lambda states: after(u, states), previous)  # (R, n, d, d)
-        eye = torch.eye(u.numel(), dtype=u.dtype)
+        eye = torch.eye(u.numel(), dtype=u.dtype, device=u.device)
         direct = torch.func.vmap(lambda e: torch.func.jvp(lambda w: after(w, previous), (u,), (e,))[1])(eye)
         sensitivities = matrix_scan(jacobian, direct.permute(1, 2, 3, 0))  # (R, n, d, p)
     slope, value = torch.func.grad_and_value(objective, argnums=(0, 1))(u, path)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .data import as_events
+from .data import as_events, as_parameter
 from .likelihood import forward, prepare
 from .models import EventModel
 
@@ -50,7 +50,7 @@ def ks_exponential(values: np.ndarray) -> tuple[float, float]:
 def goodness(model: EventModel, params: dict[str, Any], events: Any, end_time: Any = None) -> Goodness:
     """The time-rescaling residuals of ``events`` under ``model`` at ``params`` (natural units)."""
     prepared = prepare(model, as_events(events, end_time, types=model.type_count))
-    theta = {name: torch.as_tensor(value, dtype=torch.float64) for name, value in params.items()}
+    theta = {name: as_parameter(value, f"params[{name!r}]", prepared.data.times) for name, value in params.items()}
     with torch.no_grad():
         run = forward(model, theta, prepared)
     data = prepared.data
@@ -60,7 +60,7 @@ def goodness(model: EventModel, params: dict[str, Any], events: Any, end_time: A
         pieces, count = [], 0
         for r in range(data.realizations):
             mine = (data.types[r] == k) & data.mask[r]
-            pieces.append(np.diff(cumulative[r, :, k][mine].numpy(), prepend=0.0))
+            pieces.append(np.diff(cumulative[r, :, k][mine].cpu().double().numpy(), prepend=0.0))
             count += int((torch.diff(data.times[r][mine]) == 0).sum())
         residuals.append(np.concatenate(pieces))
         tied.append(count)
