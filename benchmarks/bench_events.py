@@ -14,9 +14,9 @@ torch.func call included) and warm with its ratio to the reference, ``method="on
 four exponentials (decays 1, 10, 100, 1000; ~10,000 events): the scipy fit at those fixed decays, fwdtrain's fit
 at fixed decays and with the decays fitted, and one derivative pass with 4 fitted decays against one decay. Then
 a state-dependent jump (lambda = mu + Y, jump alpha / (1 + Y / cap); ~5,000 events): fwdtrain's general engine
-against a Python-loop log-likelihood with scipy's L-BFGS-B, with one log L pass and one derivative pass. Then ``simulate`` against Ogata's
-thinning in plain numpy (``numpy_thinning``) on the same models: the 2-D Hawkes process (~10,000 events) and the
-saturating jump.
+against a Python-loop log-likelihood with scipy's L-BFGS-B, with one log L pass and one derivative pass. Then
+``simulate`` against Ogata's thinning in plain numpy (``numpy_thinning``) on the same models: the 2-D Hawkes
+process (~10,000 events) and the saturating jump.
 Writes JSON to benchmarks/results/bench_events.json.
 """
 
