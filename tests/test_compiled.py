@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -422,3 +423,22 @@ def test_the_loop_carries_one_buffer_per_dtype_and_unpacks_every_leaf_as_it_was(
     assert [b.numel() for b in buffers] == [7, 1, 10]
     for got, want in zip(packing.unpack(buffers), leaves_, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_a_background_compile_that_ends_is_reaped_without_a_poll(tmp_path, monkeypatch):
+    """A process that never polls again (a notebook cell that ended) keeps no zombie: the compile's process is
+    waited for as it ends, and a later poll still reads its exit status and last line."""
+    monkeypatch.setenv("FWDTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "WORKER", ("-c", "import sys; sys.stderr.write('stub worker failed'); sys.exit(3)"))
+    monkeypatch.setenv("FWDTRAIN_QUIET", "1")
+    x = torch.arange(3.0)
+    package = kernels._Package(torch.nn.Identity(), [x], "reaped", {})
+    package.start("in the background")
+    assert package.child is not None
+    pid = package.child.pid
+    (reaper,) = [t for t in threading.enumerate() if t.name == "fwdtrain-compile-reaper"]
+    reaper.join(timeout=60)
+    assert not reaper.is_alive()
+    with pytest.raises(ChildProcessError):  # already waited for: no zombie left to reap
+        os.waitpid(pid, os.WNOHANG)
+    assert package.poll() == "stub worker failed"

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 import warnings
@@ -211,6 +212,8 @@ class _Package:
                 stderr=log,
                 start_new_session=True,
             )
+        # reaped when it ends, so a process that never polls again (a notebook) keeps no zombie; poll reads its code
+        threading.Thread(target=self.child.wait, name="fwdtrain-compile-reaper", daemon=True).start()
         cache.count(compiles=1)
 
     def _elsewhere(self) -> bool:
