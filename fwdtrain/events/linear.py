@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .data import D64
 from .expsums import strict_sums
 from .likelihood import KernelJets, Prepared, jet_derivatives, kernel_jets, type_columns, type_sums
 from .models import EventModel, ExponentialHawkes, season_exposure, season_pieces, unpack
@@ -116,9 +115,10 @@ class Problem(NamedTuple):
     features: Features
 
 
-def table_map(model: ExponentialHawkes, linear: torch.Tensor) -> torch.Tensor:
-    """M (K F, p_lin) with T flattened = M theta_linear: ``table`` at the basis vectors (it is linear in them)."""
-    basis = torch.eye(linear.shape[0], dtype=D64)[linear]
+def table_map(model: ExponentialHawkes, linear: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """M (K F, p_lin) with T flattened = M theta_linear: ``table`` at the basis vectors (it is linear in them), in
+    u's dtype and on its device."""
+    basis = torch.eye(linear.shape[0], dtype=u.dtype, device=u.device)[linear]
     return torch.func.vmap(lambda e: table(model, split(model, e)).reshape(-1))(basis).T
 
 
@@ -186,7 +186,7 @@ def fit(
     other realizations; log L and its derivatives are divided by ``scale`` inside the solvers."""
     decays = decay_entries(model, u)
     linear = ~decays
-    reading = table_map(model, linear)
+    reading = table_map(model, linear, u)
     positive = mask(model, "positive")[linear]
     if not bool(decays.any()):
         task = Problem(linear, positive, u, reading, features(model, model.kernel.decays(unpack(model, u)), prepared))
