@@ -113,16 +113,19 @@ def strict_sums(
     length = max(int(running[:, -1].max()), 1)
     rank = torch.gather(running, 2, types[..., None])[..., 0]  # each event's place in its stream, from 1
     dump = r * count * (length + 1)  # where the padding is written
-    slot = torch.where(mask, (torch.arange(r, device=times.device)[:, None] * count + types) * (length + 1) + rank, dump)
+    device = times.device
+    slot = torch.where(mask, (torch.arange(r, device=device)[:, None] * count + types) * (length + 1) + rank, dump)
     streams = times.new_zeros(dump + 1).scatter_(0, slot.reshape(-1), times.reshape(-1))
     streams = streams[:-1].reshape(r * count, length + 1)  # place 0: before the stream's first event
     sizes = running[:, -1].reshape(-1)  # (R K,)
-    gaps = torch.where(torch.arange(1, length, device=times.device) < sizes[:, None], torch.diff(streams[:, 1:], dim=1), 0.0)
+    inside = torch.arange(1, length, device=device) < sizes[:, None]
+    gaps = torch.where(inside, torch.diff(streams[:, 1:], dim=1), 0.0)
     fades = torch.cat([times.new_zeros((r * count, 1, u)), torch.exp(-gaps[..., None] * decays)], 1)
     after = linear_scan(fades, torch.ones_like(fades))  # (R K, L, U): A_l
     after = torch.cat([after.new_zeros((r * count, 1, u)), after], 1)  # A_0 = 0: no event yet
     tied = torch.cat([torch.zeros_like(mask[:, :1]), times[:, 1:] == times[:, :-1]], 1)
-    first = torch.cummax(torch.where(tied, 0, torch.arange(n, device=times.device).expand(r, n)), 1).values  # each tie's first event
+    places = torch.arange(n, device=device).expand(r, n)
+    first = torch.cummax(torch.where(tied, 0, places), 1).values  # each tie's first event
     before = torch.gather(running - onehot, 1, first[..., None].expand(r, n, count))  # (R, n, K) strictly earlier
     before = before.permute(0, 2, 1).reshape(r * count, n)
     since = times[:, None, :].expand(r, count, n).reshape(r * count, n) - streams.gather(1, before)
