@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         calls = row["routes"]
         shown = (
-            calls[0] if len(set(calls)) == 1 else f"{calls.count('eager')} eager, {calls.count('compiled')} compiled"
+            calls[0]
+            if len(set(calls)) == 1
+            else f"{calls.count('eager')} eager, {sum(c.startswith('compiled') for c in calls)} compiled"
         )
         mark = " (extrapolated)" if row["extrapolated"] else ""
         print(
